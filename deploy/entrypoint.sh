@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Entry point of the gpfl image: one image, every Flower role.
+#
+#   superlink [args]  flower-superlink with the security flags below
+#   supernode [args]  flower-supernode with the security flags below
+#   superexec [args]  flower-superexec
+#   submit [args]     flwr run /app <connection> --stream [args]  (the gpfl app, one-shot)
+#   register KEY...   flwr supernode register KEY <connection>, for each public key
+#   anything else     executed as given
+#
+# Security comes from the environment, so that compose overrides only add
+# variables and mounts (a compose override replaces `command` wholesale):
+#   GPFL_TLS_DIR            folder with ca.crt (and, for the SuperLink, server.pem, server.key);
+#                           unset: --insecure
+#   GPFL_SUPERNODE_AUTH=1   SuperLink: --enable-supernode-auth (needs TLS)
+#   GPFL_AUTH_KEY           SuperNode: its private key (--auth-supernode-private-key)
+#   GPFL_NODE_CONFIG_EXTRA  SuperNode: appended to its --node-config (e.g. device="cuda")
+#   GPFL_SUPERLINK          submit/register: the SuperLink's control API (default superlink:8000)
+set -euo pipefail
+
+role=${1:---help}
+[[ $# -gt 0 ]] && shift
+
+tls_dir=${GPFL_TLS_DIR:-}
+
+need() {
+    if [[ ! -r "$1" ]]; then
+        echo "gpfl-entrypoint: cannot read $1 (mounted? readable by uid $(id -u)?)" >&2
+        exit 2
+    fi
+}
+
+connection() {
+    # A Flower connection named `deploy` in $FLWR_HOME/config.toml.
+    local home=${FLWR_HOME:-$HOME/.flwr}
+    mkdir -p "$home"
+    {
+        echo "[superlink.deploy]"
+        echo "address = \"${GPFL_SUPERLINK:-superlink:8000}\""
+        if [[ -n "$tls_dir" ]]; then
+            need "$tls_dir/ca.crt"
+            echo "root-certificates = \"$tls_dir/ca.crt\""
+        else
+            echo "insecure = true"
+        fi
+    } > "$home/config.toml"
+}
+
+case "$role" in
+    superlink)
+        args=()
+        if [[ -n "$tls_dir" ]]; then
+            need "$tls_dir/ca.crt"; need "$tls_dir/server.pem"; need "$tls_dir/server.key"
+            args+=(--ssl-ca-certfile "$tls_dir/ca.crt" --ssl-certfile "$tls_dir/server.pem"
+                   --ssl-keyfile "$tls_dir/server.key")
+        else
+            args+=(--insecure)
+        fi
+        [[ "${GPFL_SUPERNODE_AUTH:-0}" == 1 ]] && args+=(--enable-supernode-auth)
+        exec flower-superlink "${args[@]}" "$@"
+        ;;
+    supernode)
+        args=()
+        if [[ -n "$tls_dir" ]]; then
+            need "$tls_dir/ca.crt"
+            args+=(--root-certificates "$tls_dir/ca.crt")
+        else
+            args+=(--insecure)
+        fi
+        if [[ -n "${GPFL_AUTH_KEY:-}" ]]; then
+            need "$GPFL_AUTH_KEY"
+            args+=(--auth-supernode-private-key "$GPFL_AUTH_KEY")
+        fi
+        rest=()
+        while [[ $# -gt 0 ]]; do
+            if [[ "$1" == --node-config && $# -gt 1 ]]; then
+                rest+=("$1" "$2${GPFL_NODE_CONFIG_EXTRA:+ $GPFL_NODE_CONFIG_EXTRA}")
+                shift 2
+            else
+                rest+=("$1")
+                shift
+            fi
+        done
+        exec flower-supernode "${args[@]}" "${rest[@]}"
+        ;;
+    superexec)
+        exec flower-superexec "$@"
+        ;;
+    submit)
+        connection
+        exec flwr run /app deploy --stream "$@"
+        ;;
+    register)
+        connection
+        for key in "$@"; do
+            need "$key"
+            flwr supernode register "$key" deploy
+        done
+        ;;
+    -h|--help|help)
+        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+        ;;
+    *)
+        exec "$role" "$@"
+        ;;
+esac

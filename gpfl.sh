@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One entry point for users and CI: creates .venv on first use (and whenever
+# pyproject.toml changes), then runs a gpfl command or the test suite.
+#
+#   ./gpfl.sh launch [options]   the main job: a local federation of real Flower processes
+#   ./gpfl.sh test [pytest args] ruff, mypy and the whole test suite
+#   ./gpfl.sh <any gpfl subcommand>
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3}
+VENV=${GPFL_VENV:-.venv}
+
+# pip, quiet; this machine's pip config names index folders that may be
+# absent, and pip warns once per package about each: not worth showing.
+pipq() {
+    "$VENV/bin/python" -m pip install -q "$@" 2>&1 \
+        | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
+}
+
+setup() {
+    local stamp="$VENV/.gpfl-installed"
+    local want
+    want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        return
+    fi
+    echo "gpfl: setting up $VENV (first run, or pyproject.toml changed)" >&2
+    [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
+    pipq --upgrade pip
+    # torch first and pinned: where a local CPU wheel is configured (pip's
+    # find-links) this takes it; on a GPU machine PyPI's default build is CUDA.
+    # Installing it before the project stops pip from choosing a newer,
+    # multi-GB build to satisfy `torch>=2.2`. GPFL_TORCH overrides the spec.
+    pipq "${GPFL_TORCH:-torch==2.13.0}"
+    pipq -e ".[dev]"
+    echo "$want" > "$stamp"
+}
+
+cmd=${1:-help}
+[[ $# -gt 0 ]] && shift
+case "$cmd" in
+    setup)
+        setup
+        ;;
+    test)
+        setup
+        export PATH="$PWD/$VENV/bin:$PATH"
+        echo "== ruff" && ruff check .
+        echo "== mypy" && mypy mechanisms strategies client server tasks experiments
+        echo "== pytest" && python -m pytest "$@"
+        ;;
+    help|-h|--help)
+        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        ;;
+    *)
+        setup
+        export PATH="$PWD/$VENV/bin:$PATH"
+        exec gpfl "$cmd" "$@"
+        ;;
+esac

@@ -1,0 +1,63 @@
+"""gpfl.mechanisms: local-privacy mechanisms, their accounting and the client's ledger.
+
+Pure NumPy/SciPy plus Google's dp-accounting; never Flower, never torch. Importing
+this package is cheap: dp-accounting (about a second) is imported only when a
+Gaussian or sign mechanism is built or such releases are composed, SciPy only by
+the sign mechanism.
+"""
+
+from mechanisms.base import KNOWN_SETTINGS, Mechanism, build_mechanism
+from mechanisms.calibration import calibrate_gaussian_noise_multiplier, gaussian_epsilon
+from mechanisms.clipping import clip_elementwise, clip_l2, l2_sensitivity
+from mechanisms.events import (
+    GaussianReleaseEvent,
+    MetricPrivacyEvent,
+    NonPrivateEvent,
+    PrivacyEvent,
+    SignReleaseEvent,
+    event_from_dict,
+)
+from mechanisms.gaussian import GaussianMechanism
+from mechanisms.laplace import EuclideanLaplace, sample_euclidean_laplace
+from mechanisms.ledger import (
+    BudgetExceededError,
+    LedgerCorruptError,
+    LedgerEntry,
+    PrivacyLedger,
+    Spend,
+    default_ledger_path,
+    format_ledger,
+)
+from mechanisms.none import NoMechanism
+from mechanisms.rng import make_rng
+from mechanisms.sign import StochasticSign
+
+__all__ = [
+    "KNOWN_SETTINGS",
+    "BudgetExceededError",
+    "EuclideanLaplace",
+    "GaussianMechanism",
+    "GaussianReleaseEvent",
+    "LedgerCorruptError",
+    "LedgerEntry",
+    "Mechanism",
+    "MetricPrivacyEvent",
+    "NoMechanism",
+    "NonPrivateEvent",
+    "PrivacyEvent",
+    "PrivacyLedger",
+    "SignReleaseEvent",
+    "Spend",
+    "StochasticSign",
+    "build_mechanism",
+    "calibrate_gaussian_noise_multiplier",
+    "clip_elementwise",
+    "clip_l2",
+    "default_ledger_path",
+    "event_from_dict",
+    "format_ledger",
+    "gaussian_epsilon",
+    "l2_sensitivity",
+    "make_rng",
+    "sample_euclidean_laplace",
+]

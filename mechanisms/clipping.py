@@ -1,0 +1,101 @@
+"""Clipping of a model update, and the L2 sensitivity of a clipped update.
+
+In the local model the "data set" of a release is the client's whole update, and
+two neighbouring inputs are any two updates the client could have produced
+(replace-one). After clipping, every update lies in a bounded set, whose L2
+diameter is the sensitivity that the Gaussian noise is scaled to:
+
+* L2 clipping to norm C: ‖δ − δ′‖₂ ≤ ‖δ‖ + ‖δ′‖ ≤ 2C.
+* Element-wise clipping to [−c, c] over n coordinates: each coordinate differs by
+  at most 2c, so ‖δ − δ′‖₂ ≤ 2c·√n.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from mechanisms._numeric import sum_of_squares
+from mechanisms._validation import check_choice, check_positive_finite, check_positive_int
+
+CLIP_MODES = ("l2", "elementwise")
+
+
+def clip_l2(arrays: Sequence[np.ndarray], c: float) -> list[np.ndarray]:
+    """Scale the concatenation of ``arrays`` down to L2 norm at most ``c``.
+
+    The norm is taken over all arrays together (the whole update), in float64;
+    arrays whose joint norm is already ≤ ``c`` come back as unchanged copies. The
+    L2 sensitivity of an update clipped this way is 2c (replace-one).
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        One update's layers.
+    c : float
+        Clipping norm, > 0 and finite.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        New arrays with the input shapes and dtypes.
+    """
+    c = check_positive_finite("c", c)
+    arrays = [np.asarray(a) for a in arrays]
+    squared = math.fsum(sum_of_squares(a.astype(np.float64, copy=False)) for a in arrays)
+    norm = math.sqrt(squared)
+    if not math.isfinite(norm):
+        raise ValueError("the L2 norm of the update overflows float64")
+    if norm <= c:
+        return [a.copy() for a in arrays]
+    factor = c / norm
+    return [(a.astype(np.float64) * factor).astype(a.dtype, copy=False) for a in arrays]
+
+
+def clip_elementwise(arrays: Sequence[np.ndarray], c: float) -> list[np.ndarray]:
+    """Clip every coordinate of ``arrays`` to the interval [−c, c].
+
+    The L2 sensitivity of an n-coordinate update clipped this way is 2c·√n
+    (replace-one).
+
+    Parameters
+    ----------
+    arrays : sequence of numpy.ndarray
+        One update's layers.
+    c : float
+        Bound on each coordinate, > 0 and finite.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        New arrays with the input shapes and dtypes.
+    """
+    c = check_positive_finite("c", c)
+    return [np.clip(np.asarray(a), -c, c) for a in arrays]
+
+
+def l2_sensitivity(mode: str, clip: float, n: int) -> float:
+    """L2 sensitivity of an update of ``n`` coordinates clipped with ``mode`` (replace-one).
+
+    Parameters
+    ----------
+    mode : {"l2", "elementwise"}
+        How the update was clipped.
+    clip : float
+        The clipping norm C (``"l2"``) or coordinate bound c (``"elementwise"``).
+    n : int
+        Number of coordinates.
+
+    Returns
+    -------
+    float
+        2C for ``"l2"``; 2c·√n for ``"elementwise"``.
+    """
+    mode = check_choice("mode", mode, CLIP_MODES)
+    clip = check_positive_finite("clip", clip)
+    n = check_positive_int("n", n)
+    if mode == "l2":
+        return 2.0 * clip
+    return 2.0 * clip * math.sqrt(n)

@@ -1,0 +1,160 @@
+"""The Gaussian mechanism on a clipped update (Wu et al., section 3, for IID data).
+
+δ = updated − reference is clipped (L2 norm C, or each coordinate to [−c, c]),
+so its replace-one L2 sensitivity is Δ = 2C (or 2c·√n). The release is
+``reference + clip(δ) + N(0, σ² I)`` with σ = z·Δ, where the noise multiplier z
+is calibrated once, with dp-accounting's RDP accountant, so that the client's
+``planned_releases`` releases compose to its (ε, δ) target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mechanisms._validation import (
+    check_choice,
+    check_generator,
+    check_open_unit,
+    check_positive_finite,
+    check_positive_int,
+)
+from mechanisms.base import Mechanism, _require
+from mechanisms.calibration import calibrate_gaussian_noise_multiplier
+from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2, l2_sensitivity
+from mechanisms.events import GaussianReleaseEvent
+
+
+class _ClippedGaussianBase(Mechanism):
+    """Clipping, calibration and metrics shared by the Gaussian and stochastic-sign mechanisms."""
+
+    _SETTINGS: ClassVar[tuple[str, ...]] = (
+        "clip",
+        "clip_mode",
+        "epsilon",
+        "delta",
+        "planned_releases",
+    )
+
+    def __init__(
+        self,
+        *,
+        clip: float,
+        clip_mode: str = "l2",
+        epsilon: float,
+        delta: float,
+        planned_releases: int,
+    ) -> None:
+        self.clip = check_positive_finite("clip", clip)
+        self.clip_mode = check_choice("clip_mode", clip_mode, CLIP_MODES)
+        self.epsilon = check_positive_finite("epsilon", epsilon)
+        self.delta = check_open_unit("delta", delta)
+        self.planned_releases = check_positive_int("planned_releases", planned_releases)
+        # Memoised per (ε, δ, releases): the client object is rebuilt for every message.
+        self.noise_multiplier = calibrate_gaussian_noise_multiplier(
+            self.epsilon, self.delta, self.planned_releases
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(clip={self.clip!r}, clip_mode={self.clip_mode!r}, "
+            f"epsilon={self.epsilon!r}, delta={self.delta!r}, "
+            f"planned_releases={self.planned_releases!r})"
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Mechanism:
+        """Build from snake_case settings (``clip_mode`` defaults to ``"l2"``)."""
+        _require(cls.name, settings, ("clip", "epsilon", "delta", "planned_releases"))
+        return cls(
+            clip=settings["clip"],
+            clip_mode=settings.get("clip_mode", "l2"),
+            epsilon=settings["epsilon"],
+            delta=settings["delta"],
+            planned_releases=settings["planned_releases"],
+        )
+
+    def sigma(self, n: int) -> float:
+        """Absolute per-coordinate noise std for an update of ``n`` coordinates: z·Δ."""
+        return self.noise_multiplier * l2_sensitivity(self.clip_mode, self.clip, n)
+
+    def _clipped_delta(
+        self, ref: list[np.ndarray], upd: list[np.ndarray]
+    ) -> list[np.ndarray]:
+        delta = [np.subtract(u, r, dtype=np.float64) for r, u in zip(ref, upd, strict=True)]
+        if self.clip_mode == "l2":
+            return clip_l2(delta, self.clip)
+        return clip_elementwise(delta, self.clip)
+
+    def public_metrics(
+        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+    ) -> dict[str, float]:
+        """Return ``sigma`` = z·Δ, and the client's (ε, δ) target as the budget."""
+        _, upd = self._check(reference, updated)
+        n = sum(u.size for u in upd)
+        return {
+            "sigma": self.sigma(n),
+            "budget-epsilon": self.epsilon,
+            "budget-delta": self.delta,
+        }
+
+
+class GaussianMechanism(_ClippedGaussianBase):
+    """Gaussian noise on the clipped update: ``reference + clip(δ) + N(0, σ²)``.
+
+    Parameters
+    ----------
+    clip : float
+        C > 0: the L2 clipping norm (``clip_mode="l2"``) or the coordinate bound
+        (``clip_mode="elementwise"``).
+    clip_mode : {"l2", "elementwise"}
+        Sensitivity 2C (L2) or 2C·√n (element-wise).
+    epsilon, delta : float
+        The client's target (ε, δ) after ``planned_releases`` releases.
+    planned_releases : int
+        How many releases the budget is spread over (>= 1).
+
+    Notes
+    -----
+    The noise is drawn in float64, added in float64 and cast back to each array's
+    dtype. ``noise_multiplier`` (z) is the calibrated σ/Δ; the event carries it.
+    """
+
+    name: ClassVar[str] = "gaussian"
+
+    def event(
+        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+    ) -> GaussianReleaseEvent:
+        """Return ``GaussianReleaseEvent(noise_multiplier=z)``."""
+        self._check(reference, updated)
+        return GaussianReleaseEvent(self.noise_multiplier)
+
+    def sanitize(
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        rng: np.random.Generator,
+    ) -> list[np.ndarray]:
+        """Return ``reference + clip(updated − reference) + N(0, σ² I)`` in ``updated``'s dtypes."""
+        check_generator(rng)
+        ref, upd = self._check(reference, updated)
+        clipped = self._clipped_delta(ref, upd)
+        n = sum(u.size for u in upd)
+        noise = rng.standard_normal(n)
+        noise *= self.sigma(n)
+        out = []
+        offset = 0
+        for r, d, u in zip(ref, clipped, upd, strict=True):
+            layer = noise[offset:offset + u.size].reshape(u.shape)
+            offset += u.size
+            layer += d
+            np.add(layer, r, out=layer, casting="same_kind")
+            with np.errstate(over="ignore"):
+                cast = layer.astype(u.dtype, copy=False)
+            if not np.isfinite(cast).all():
+                raise ValueError(f"the noisy release overflows {u.dtype}; the noise is too large")
+            out.append(cast)
+        return out

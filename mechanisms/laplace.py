@@ -1,0 +1,293 @@
+"""The Laplace mechanism under the Euclidean distance in R^n (Galli et al., Proposition 3.1).
+
+The noise ρ has density ∝ exp(−ε‖ρ‖₂). Its norm follows Gamma(shape n, scale 1/ε)
+and its direction is uniform on the sphere, independent of the norm, so
+
+* E‖ρ‖ = n/ε,
+* each coordinate has mean 0 and variance (n+1)/ε² (Lemma 2 of the extended paper),
+* adding ρ to x is ε-d-private: for any x, x′ and any set S of outputs,
+  P[x + ρ ∈ S] ≤ exp(ε‖x − x′‖) · P[x′ + ρ ∈ S].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mechanisms._numeric import sum_of_squares
+from mechanisms._validation import (
+    check_bool,
+    check_choice,
+    check_generator,
+    check_positive_finite,
+    check_positive_int,
+)
+from mechanisms.base import Mechanism, _require
+from mechanisms.events import MetricPrivacyEvent
+
+CALIBRATIONS = ("neighbourhood", "fixed")
+
+
+def sample_euclidean_laplace(n: int, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+    """Draw one noise vector of the Euclidean Laplace mechanism in R^n.
+
+    The radius is drawn from Gamma(shape ``n``, scale ``1/epsilon``) in float64;
+    the direction is a standard normal vector divided by its norm.
+
+    Parameters
+    ----------
+    n : int
+        Dimension, >= 1.
+    epsilon : float
+        Privacy parameter per unit of Euclidean distance, > 0 and finite.
+    rng : numpy.random.Generator
+        Source of randomness (see :func:`mechanisms.make_rng`).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 array of shape ``(n,)`` with density ∝ exp(−epsilon‖x‖₂).
+
+    Raises
+    ------
+    ValueError
+        ``n < 1``, ``epsilon`` not positive and finite, or ``epsilon`` so small
+        that the radius overflows float64.
+    TypeError
+        ``n`` not an integer, ``epsilon`` not a real number, ``rng`` not a Generator.
+    """
+    # The fast paths keep the per-call overhead to a few type checks: this runs
+    # once per release and should cost little more than drawing the normals.
+    if type(n) is not int or n < 1:
+        n = check_positive_int("n", n)
+    if type(epsilon) is not float or not 0.0 < epsilon < math.inf:
+        epsilon = check_positive_finite("epsilon", epsilon)
+    if type(rng) is not np.random.Generator:
+        check_generator(rng)
+    # One float64 draw, normalised in place: no temporaries beyond the result.
+    noise = rng.standard_normal(n)
+    squared = sum_of_squares(noise)
+    while squared == 0.0:  # probability ~0 (only conceivable for tiny n); never divide by 0
+        noise = rng.standard_normal(n)
+        squared = sum_of_squares(noise)
+    radius = float(rng.gamma(n, 1.0 / epsilon))
+    if not math.isfinite(radius):
+        raise ValueError(
+            f"epsilon is too small: the noise radius overflows float64, got epsilon={epsilon!r}"
+        )
+    noise *= radius / math.sqrt(squared)
+    return noise
+
+
+@dataclass(frozen=True)
+class _Block:
+    """A group of layers sanitized with one noise vector."""
+
+    layers: tuple[int, ...]
+    size: int
+    epsilon: float  # 0.0 means: no noise (the zero-radius case of the neighbourhood calibration)
+    pair: tuple[float, float]  # (epsilon, radius) charged to the ledger
+
+
+class EuclideanLaplace(Mechanism):
+    """Euclidean Laplace noise on the trained model (Algorithm 2, SanitizeUpdate).
+
+    The release is ``updated + ρ`` with ρ drawn by :func:`sample_euclidean_laplace`
+    over the flattened model (or layer by layer with ``per_layer=True``). The noise
+    is drawn in float64, added in float64 and cast back to each array's dtype.
+
+    Parameters
+    ----------
+    calibration : {"neighbourhood", "fixed"}
+        ``"neighbourhood"`` (the paper's heuristic): with δ = updated − reference
+        over ``n`` parameters, ε = n / (ν‖δ‖), so that E‖ρ‖ = ν‖δ‖ and every model
+        within ‖δ‖ of the released one is indistinguishable up to e^{n/ν}. Each
+        release costs n/ν. Caveat: the noise scale depends on the data; the norm of
+        the noise concentrates around ν‖δ‖ (relative spread 1/√n), so the release
+        reveals ‖δ‖ approximately; ``sigma`` in :meth:`public_metrics` is
+        proportional to ‖δ‖ and reveals it exactly to whoever sees the metrics.
+        ``"fixed"``: ε is given, no data-dependent scale and no ‖δ‖ leak; the cost
+        is reported as ε·r at the public radius r.
+    noise_multiplier : float, optional
+        ν > 0 (neighbourhood only). Larger is more private.
+    epsilon : float, optional
+        ε > 0 per unit distance (fixed only).
+    public_radius : float, optional
+        r > 0, the distance at which the fixed calibration's cost ε·r is reported.
+    per_layer : bool
+        Sanitize each layer with its own noise vector (and, in the neighbourhood
+        calibration, its own ε_l = n_l/(ν‖δ_l‖)). Costs add over layers:
+        Σ n_l/ν = n/ν (neighbourhood) or L·ε·r (fixed, L non-empty layers).
+
+    Notes
+    -----
+    **‖δ‖ = 0** (neighbourhood calibration; per layer with ``per_layer``): the
+    heuristic's ε = n/(ν·0) is infinite and its noise radius 0, so the layers are
+    released unchanged (``updated``, which equals ``reference`` there) and no noise
+    is drawn. This is the limit of the heuristic as ‖δ‖ → 0 and matches its
+    definition (a neighbourhood of radius 0 protects nothing beyond itself), but it
+    tells the server that training did not move the model and which hypothesis the
+    client started from. The cost n/ν is still charged, recorded in the event as
+    the pair (ε, r) = (n/ν, 1.0) so that the ledger holds finite numbers. The same
+    applies when ‖δ‖ is so small (subnormal) that ε would overflow.
+    """
+
+    name: ClassVar[str] = "laplace"
+
+    def __init__(
+        self,
+        *,
+        calibration: str = "neighbourhood",
+        noise_multiplier: float | None = None,
+        epsilon: float | None = None,
+        public_radius: float | None = None,
+        per_layer: bool = False,
+    ) -> None:
+        self.calibration = check_choice("calibration", calibration, CALIBRATIONS)
+        self.per_layer = check_bool("per_layer", per_layer)
+        self.noise_multiplier: float | None = None
+        self.epsilon: float | None = None
+        self.public_radius: float | None = None
+        if self.calibration == "neighbourhood":
+            if noise_multiplier is None:
+                raise ValueError("noise_multiplier is required with calibration='neighbourhood'")
+            if epsilon is not None or public_radius is not None:
+                raise ValueError(
+                    "epsilon and public_radius are only used with calibration='fixed'"
+                )
+            self.noise_multiplier = check_positive_finite("noise_multiplier", noise_multiplier)
+        else:
+            if epsilon is None or public_radius is None:
+                raise ValueError("epsilon and public_radius are required with calibration='fixed'")
+            if noise_multiplier is not None:
+                raise ValueError("noise_multiplier is only used with calibration='neighbourhood'")
+            self.epsilon = check_positive_finite("epsilon", epsilon)
+            self.public_radius = check_positive_finite("public_radius", public_radius)
+
+    def __repr__(self) -> str:
+        if self.calibration == "neighbourhood":
+            params = f"noise_multiplier={self.noise_multiplier!r}"
+        else:
+            params = f"epsilon={self.epsilon!r}, public_radius={self.public_radius!r}"
+        return (
+            f"EuclideanLaplace(calibration={self.calibration!r}, {params}, "
+            f"per_layer={self.per_layer!r})"
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> EuclideanLaplace:
+        """Build from snake_case settings; keys of the other calibration are ignored."""
+        calibration = settings.get("calibration", "neighbourhood")
+        per_layer = settings.get("per_layer", False)
+        if calibration == "fixed":
+            _require(cls.name, settings, ("epsilon", "public_radius"))
+            return cls(
+                calibration="fixed",
+                epsilon=settings["epsilon"],
+                public_radius=settings["public_radius"],
+                per_layer=per_layer,
+            )
+        if calibration == "neighbourhood":
+            _require(cls.name, settings, ("noise_multiplier",))
+            return cls(noise_multiplier=settings["noise_multiplier"], per_layer=per_layer)
+        return cls(calibration=calibration)  # raises the error naming calibration
+
+    def _blocks(self, ref: list[np.ndarray], upd: list[np.ndarray]) -> list[_Block]:
+        if self.per_layer:
+            groups: list[tuple[int, ...]] = [(i,) for i in range(len(upd)) if upd[i].size > 0]
+        else:
+            groups = [tuple(range(len(upd)))]
+        blocks = []
+        for group in groups:
+            size = sum(upd[i].size for i in group)
+            if self.calibration == "fixed":
+                assert self.epsilon is not None and self.public_radius is not None
+                blocks.append(_Block(group, size, self.epsilon, (self.epsilon, self.public_radius)))
+                continue
+            assert self.noise_multiplier is not None
+            radius = _distance(ref, upd, group)
+            scale = self.noise_multiplier * radius  # may underflow to 0 for a subnormal radius
+            epsilon = size / scale if scale > 0.0 else math.inf
+            if math.isfinite(epsilon):
+                blocks.append(_Block(group, size, epsilon, (epsilon, radius)))
+            else:
+                # ‖δ‖ = 0: release unchanged, still charge n/ν (see the class notes).
+                blocks.append(_Block(group, size, 0.0, (size / self.noise_multiplier, 1.0)))
+        return blocks
+
+    def event(
+        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+    ) -> MetricPrivacyEvent:
+        """Return the d-privacy event: one (ε, radius) pair per sanitized block."""
+        ref, upd = self._check(reference, updated)
+        return MetricPrivacyEvent(tuple(b.pair for b in self._blocks(ref, upd)))
+
+    def sanitize(
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        rng: np.random.Generator,
+    ) -> list[np.ndarray]:
+        """Return ``updated + ρ``, arrays with the shapes and dtypes of ``updated``."""
+        check_generator(rng)
+        ref, upd = self._check(reference, updated)
+        out: list[np.ndarray | None] = [None] * len(upd)
+        for block in self._blocks(ref, upd):
+            if block.epsilon == 0.0:
+                for i in block.layers:
+                    out[i] = upd[i].copy()
+                continue
+            noise = sample_euclidean_laplace(block.size, block.epsilon, rng)
+            offset = 0
+            for i in block.layers:
+                layer = noise[offset:offset + upd[i].size].reshape(upd[i].shape)
+                offset += upd[i].size
+                np.add(layer, upd[i], out=layer, casting="same_kind")
+                out[i] = _cast(layer, upd[i].dtype, i)
+        # Empty layers (skipped in per-layer mode) have nothing to hide.
+        return [u.copy() if o is None else o for o, u in zip(out, upd, strict=True)]
+
+    def public_metrics(
+        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+    ) -> dict[str, float]:
+        """Return ``sigma`` (per-coordinate noise std), ``budget-epsilon`` = ``budget-delta`` = 0.
+
+        ``sigma`` = √(n+1)/ε for one block. With ``per_layer`` the layers have
+        different scales; ``sigma`` is their root mean square over coordinates,
+        √(Σ_l n_l σ_l² / n), so that n·sigma² = E‖ρ‖², the same identity as for one
+        block. Layers released without noise (‖δ_l‖ = 0) count as σ_l = 0.
+        """
+        ref, upd = self._check(reference, updated)
+        blocks = self._blocks(ref, upd)
+        total = sum(b.size for b in blocks)
+        energy = math.fsum(b.size * (b.size + 1) / b.epsilon**2 for b in blocks if b.epsilon > 0)
+        sigma = math.sqrt(energy / total) if total else 0.0
+        return {"sigma": sigma, "budget-epsilon": 0.0, "budget-delta": 0.0}
+
+
+def _distance(ref: list[np.ndarray], upd: list[np.ndarray], group: tuple[int, ...]) -> float:
+    """Return ‖updated − reference‖₂ over the layers of ``group``, computed in float64."""
+    squared = 0.0
+    for i in group:
+        squared += sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64))
+    radius = math.sqrt(squared)
+    if not math.isfinite(radius):
+        raise ValueError("the update norm ‖updated − reference‖ overflows float64")
+    return radius
+
+
+def _cast(values: np.ndarray, dtype: np.dtype[Any], index: int) -> np.ndarray:
+    """Cast a float64 release back to the layer's dtype, refusing overflow to inf."""
+    with np.errstate(over="ignore"):
+        cast = values.astype(dtype, copy=False)
+    if not np.isfinite(cast).all():
+        raise ValueError(
+            f"layer {index}: the noisy release overflows {dtype}; the noise is too large "
+            "for this dtype"
+        )
+    return cast

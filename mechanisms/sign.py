@@ -1,0 +1,64 @@
+"""The stochastic-sign mechanism (Jin et al., as used by Wu et al. for non-IID data).
+
+Each coordinate p of the clipped update is released as +1 with probability
+Φ(p/σ) and −1 otherwise. That is exactly the distribution of
+sign(p + N(0, σ²)): the sign of a Gaussian release, i.e. post-processing of it,
+so it costs the same as the Gaussian release with the same σ and is accounted
+the same way (``SignReleaseEvent(noise_multiplier)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+import numpy as np
+
+from mechanisms._validation import check_generator
+from mechanisms.events import SignReleaseEvent
+from mechanisms.gaussian import _ClippedGaussianBase
+
+
+class StochasticSign(_ClippedGaussianBase):
+    """±1 per coordinate of the clipped update, +1 with probability Φ(p/σ).
+
+    Same parameters, clipping and calibration as
+    :class:`~mechanisms.gaussian.GaussianMechanism`. The release holds only ±1,
+    in the dtype of each ``updated`` array; the server turns a majority vote of
+    signs into a step of its own learning rate.
+    """
+
+    name: ClassVar[str] = "sign"
+
+    def event(
+        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+    ) -> SignReleaseEvent:
+        """Return ``SignReleaseEvent(noise_multiplier=z)``."""
+        self._check(reference, updated)
+        return SignReleaseEvent(self.noise_multiplier)
+
+    def sanitize(
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        rng: np.random.Generator,
+    ) -> list[np.ndarray]:
+        """Return ±1 arrays shaped and typed like ``updated``."""
+        # scipy.special costs ~0.4 s to import; only this mechanism needs it.
+        from scipy.special import ndtr
+
+        check_generator(rng)
+        ref, upd = self._check(reference, updated)
+        clipped = self._clipped_delta(ref, upd)
+        n = sum(u.size for u in upd)
+        sigma = self.sigma(n)
+        uniform = rng.random(n)
+        out = []
+        offset = 0
+        for d, u in zip(clipped, upd, strict=True):
+            draw = uniform[offset:offset + u.size].reshape(u.shape)
+            offset += u.size
+            plus = draw < ndtr(d / sigma)
+            out.append(np.where(plus, 1.0, -1.0).astype(u.dtype))
+        return out

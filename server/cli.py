@@ -1,0 +1,165 @@
+"""The ``gpfl`` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+
+def parse_pairs(text: str, what: str) -> dict[str, Any]:
+    """Parse ``"k1=v1 k2=v2"`` with TOML values (bare words are strings)."""
+    out: dict[str, Any] = {}
+    for item in shlex.split(text):
+        if "=" not in item:
+            raise SystemExit(f"gpfl: {what} expects key=value pairs, got {item!r}")
+        key, raw = item.split("=", 1)
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
+    """``--node-config "3:privacy-budget=0.8 epsilon=1"`` → {3: {...}}."""
+    out: dict[int, dict[str, Any]] = {}
+    for item in items:
+        index, sep, rest = item.partition(":")
+        if not sep or not index.strip().isdigit():
+            raise SystemExit(
+                f"gpfl: --node-config expects INDEX:key=value ..., got {item!r}"
+            )
+        out.setdefault(int(index), {}).update(parse_pairs(rest, "--node-config"))
+    return out
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from server.launcher import LaunchError, describe, launch
+
+    run_config: dict[str, Any] = {}
+    for text in args.run_config:
+        run_config.update(parse_pairs(text, "--run-config"))
+    try:
+        result = launch(
+            supernodes=args.supernodes,
+            run_config=run_config,
+            out_dir=Path(args.out) if args.out else None,
+            node_configs=parse_node_configs(args.node_config),
+            app_dir=Path(args.app) if args.app else None,
+            tls=args.tls,
+            auth=args.auth,
+            simulation=args.engine == "simulation",
+            timeout=args.timeout,
+        )
+    except LaunchError as err:
+        print(f"gpfl: launch failed: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("gpfl: interrupted; every process was stopped", file=sys.stderr)
+        return 130
+    print(describe(result))
+    return 0
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    from mechanisms import LedgerCorruptError, format_ledger
+
+    try:
+        print(format_ledger(Path(args.path)))
+    except (LedgerCorruptError, FileNotFoundError) as err:
+        print(f"gpfl: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    import json
+
+    from server.results import plot_summary
+
+    run = Path(args.run_dir)
+    summary = json.loads((run / "summary.json").read_text())
+    path = plot_summary(summary, run / "figure.png")
+    print(f"gpfl: wrote {path}")
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from server.certs import describe_deployment, make_deployment
+
+    out = Path(args.out)
+    if (out / "ca.crt").exists() and not args.force:
+        print(f"gpfl: {out / 'ca.crt'} exists; pass --force to make a new CA (every device then "
+              "needs the new ca.crt)", file=sys.stderr)
+        return 1
+    names = [n for item in args.san for n in item.split(",")]
+    try:
+        dep = make_deployment(out, names, args.supernodes, days=args.days,
+                              local=not args.no_local)
+    except ValueError as err:
+        print(f"gpfl: {err}", file=sys.stderr)
+        return 1
+    print(describe_deployment(dep))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``gpfl``."""
+    parser = argparse.ArgumentParser(prog="gpfl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("launch", help="run a local federation of real Flower processes (gRPC)")
+    p.add_argument("--supernodes", type=int, default=10, help="number of SuperNodes (clients)")
+    p.add_argument("--run-config", action="append", default=[], metavar='"k=v ..."',
+                   help="override app settings (keys of [tool.flwr.app.config])")
+    p.add_argument("--node-config", action="append", default=[], metavar='"INDEX:k=v ..."',
+                   help="extra node config for SuperNode INDEX (e.g. its privacy-budget)")
+    p.add_argument("--out", help="run directory (default runs/<timestamp>)")
+    p.add_argument("--app", help="the Flower app folder (default: this checkout)")
+    p.add_argument("--tls", action="store_true",
+                   help="encrypt every connection with a throw-away CA made for this launch")
+    p.add_argument("--auth", action="store_true",
+                   help="SuperNode authentication (implies --tls): a key pair per SuperNode, "
+                        "registered with the SuperLink")
+    p.add_argument("--engine", choices=("deployment", "simulation"), default="deployment",
+                   help="real SuperNode processes (default) or Flower's Simulation Engine (Ray)")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
+    p.set_defaults(func=_launch)
+
+    p = sub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode key pairs "
+                                      "for a real deployment")
+    p.add_argument("--out", default="certs", help="output folder (default ./certs)")
+    p.add_argument("--san", action="append", default=[], metavar="NAME[,NAME...]",
+                   help="DNS name or IP address the SuperLink is reached by (repeatable)")
+    p.add_argument("--supernodes", type=int, default=0,
+                   help="number of SuperNode authentication key pairs to make")
+    p.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    p.add_argument("--no-local", action="store_true",
+                   help="leave localhost, 127.0.0.1 and ::1 out of the certificate")
+    p.add_argument("--force", action="store_true", help="overwrite an existing CA")
+    p.set_defaults(func=_certs)
+
+    p = sub.add_parser("ledger", help="print a client's privacy ledger")
+    p.add_argument("path", help="the ledger file (e.g. runs/<run>/ledgers/client-0.json)")
+    p.set_defaults(func=_ledger)
+
+    p = sub.add_parser("plot", help="draw figure.png of a run directory")
+    p.add_argument("run_dir")
+    p.set_defaults(func=_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``gpfl`` console script."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Start and stop the OS processes of a local federation, leaving nothing behind.
+
+Flower's SuperLink and SuperNodes start ``flower-superexec`` children in new
+sessions (detached), and those start ``flwr-serverapp`` / ``flwr-clientapp``
+processes: stopping a parent's process group does not reach them, and once a
+parent is gone its children are re-parented away from us. So the launcher
+marks itself a *child subreaper* (Linux): orphans of anything it started are
+re-parented to it, and every process it is responsible for stays among its
+descendants until it is reaped. Processes are only ever ended by PID (never by
+name patterns), and only descendants of this process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants re-parent to this process (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
+    except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
+        return False
+
+
+def bin_dir() -> Path:
+    """The folder of this interpreter's console scripts (Flower's commands)."""
+    return Path(sys.executable).parent
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for Flower processes: our ``bin`` first on PATH.
+
+    The SuperLink and SuperNodes start ``flower-superexec`` by name.
+    """
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir()}{os.pathsep}{env.get('PATH', '')}"
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+class ProcessSet:
+    """The processes one launch started; :meth:`stop_all` ends them and theirs."""
+
+    def __init__(self) -> None:
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: list[IO[bytes]] = []
+        self.subreaper = become_subreaper()
+        # Children this process already had are not ours to stop.
+        self._preexisting = {c.pid for c in psutil.Process().children()}
+
+    def start(self, name: str, argv: Sequence[str], log_path: Path,
+              env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in its own session, output to ``log_path``."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # noqa: SIM115 - closed in stop_all
+        self._logs.append(log)
+        proc = subprocess.Popen(
+            list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env or child_env(), cwd=cwd, start_new_session=True,
+        )
+        self.procs[name] = proc
+        logger.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
+        return proc
+
+    def stop(self, name: str, timeout: float = 5.0) -> None:
+        """Stop one started process and every descendant of it."""
+        proc = self.procs.pop(name, None)
+        if proc is not None:
+            terminate_tree([proc.pid], timeout)
+
+    def stop_all(self, timeout: float = 5.0) -> list[int]:
+        """Stop everything started here (and anything it started); return leftover PIDs."""
+        pids = [p.pid for p in self.procs.values()]
+        self.procs.clear()
+        terminate_tree(pids, timeout)
+        # Orphans re-parented to us while the tree was going down.
+        orphans = [
+            c.pid for c in psutil.Process().children() if c.pid not in self._preexisting
+        ] if self.subreaper else []
+        leftovers = terminate_tree(orphans, timeout)
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        return leftovers
+
+
+def _tree(pids: Sequence[int]) -> list[psutil.Process]:
+    seen: dict[int, psutil.Process] = {}
+    roots: list[psutil.Process] = []
+    for pid in pids:
+        try:
+            roots.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            continue
+    for root in roots:
+        seen.setdefault(root.pid, root)
+        try:
+            for child in root.children(recursive=True):
+                seen.setdefault(child.pid, child)
+        except psutil.NoSuchProcess:
+            continue
+    return list(seen.values())
+
+
+def terminate_tree(pids: Sequence[int], timeout: float = 5.0) -> list[int]:
+    """SIGTERM the processes and all their descendants, then SIGKILL stragglers.
+
+    The whole tree is collected *before* anything is signalled, since a child
+    whose parent dies is re-parented and could no longer be found from it.
+    Returns the PIDs that still existed after SIGKILL (normally none).
+    """
+    procs = _tree(pids)
+    if not procs:
+        return []
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    # Descendants that appeared while terminating (a SuperNode restarting a
+    # ClientApp) are caught by a second sweep below.
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=timeout)
+    late = _tree(pids)
+    for p in late:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    _, still = psutil.wait_procs(late, timeout=timeout)
+    left = [p.pid for p in [*alive, *still] if p.is_running()]
+    if left:
+        logger.error("processes still running after SIGKILL: %s", left)
+    return left

@@ -1,0 +1,342 @@
+"""The task contract: data partitioning, model, loss and local training.
+
+A task knows how the data of one user (one Flower partition) is made or loaded, which model the
+federation trains, how a model is scored on a user's data and how a user trains it locally. A
+model travels as a list of float32 NumPy arrays (its layers); k hypotheses are k such lists.
+
+Validation follows the paper's protocol (Eq. 15 of seeds/001): each held-out user is scored with
+the hypothesis that fits it best (lowest loss), and the reported loss is the mean of these
+per-user losses. Classifiers report the accuracy of that same hypothesis, averaged over users.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tasks.config import TaskSettingsError
+
+__all__ = [
+    "BestFit",
+    "Dataset",
+    "Params",
+    "Task",
+    "TaskSettingsError",
+    "best_fits",
+    "check_params",
+    "check_training_args",
+    "evaluate_best_hypothesis",
+    "minibatches",
+    "resolve_users",
+    "user_seed",
+]
+
+Params = list[np.ndarray]
+"""One model: its layers as NumPy arrays (float32 on the wire)."""
+
+#: Codes that keep the random streams of different purposes apart in `user_seed`.
+SPLIT_CODES: Mapping[str, int] = {"train": 0, "validation": 1, "partition": 2, "rotation": 3}
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """The data of one user.
+
+    Attributes
+    ----------
+    x : np.ndarray
+        Features; the first axis indexes samples.
+    y : np.ndarray
+        Targets (regression) or integer labels (classification), one per sample.
+    group : np.ndarray
+        int64, one per sample: the group the sample was generated from, as the task documents it
+        (the synthetic task's optimum index, 1 for a rotated image, the fairness task's
+        sensitive attribute S). -1 where the task has no notion of group.
+    user : str
+        Who holds the data, e.g. ``"train-3"``, ``"validation-0"``, a LEAF user id or a CMS
+        provider id.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    group: np.ndarray
+    user: str
+
+    def __post_init__(self) -> None:
+        m = self.x.shape[0]
+        if self.y.shape[0] != m or self.group.shape != (m,):
+            raise ValueError(
+                f"x, y and group must have one entry per sample, got shapes "
+                f"x={self.x.shape}, y={self.y.shape}, group={self.group.shape}"
+            )
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+
+@dataclass(frozen=True)
+class BestFit:
+    """The hypothesis that fits one user best, and the user's metrics under it."""
+
+    index: int
+    metrics: dict[str, float]
+
+
+class Task(ABC):
+    """A learning task: data of every user, model, loss and local training.
+
+    Subclasses set `name` and `is_classifier`, and implement `parameter_shapes`,
+    `init_parameters`, `client_dataset`, `validation_datasets`, `loss` and `train`.
+    Classifiers override `user_metrics` to add ``"accuracy"``.
+    """
+
+    name: str = ""
+    is_classifier: bool = False
+
+    # -- model ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def parameter_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the model's layers, in wire order."""
+
+    @property
+    def num_parameters(self) -> int:
+        """Number of scalar parameters of one model (one hypothesis)."""
+        return sum(math.prod(shape) for shape in self.parameter_shapes)
+
+    @abstractmethod
+    def init_parameters(self, rng: np.random.Generator) -> Params:
+        """Draw one model's initial parameters (float32 arrays) using ``rng`` alone."""
+
+    def initial_hypotheses(self, k: int, rng: np.random.Generator) -> list[Params]:
+        """Return ``k`` independently initialised models.
+
+        Parameters
+        ----------
+        k : int
+            Number of hypotheses, at least 1.
+        rng : np.random.Generator
+            The only source of randomness.
+
+        Returns
+        -------
+        list[Params]
+            ``k`` lists of float32 arrays shaped as `parameter_shapes`.
+        """
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise ValueError(f"k must be a positive integer, got k={k!r}")
+        return [self.init_parameters(rng) for _ in range(int(k))]
+
+    # -- data -------------------------------------------------------------------------------
+    @abstractmethod
+    def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
+        """Return the training data of the user on Flower partition ``partition_id``.
+
+        One partition is one user. Raises `TaskSettingsError` (a ``ValueError``) naming
+        ``users`` / ``num-partitions`` when the partition does not fit the task's settings.
+        """
+
+    @abstractmethod
+    def validation_datasets(self) -> list[Dataset]:
+        """Return the data of the held-out validation users (who never train)."""
+
+    # -- scoring ----------------------------------------------------------------------------
+    @abstractmethod
+    def loss(self, params: Params, data: Dataset) -> float:
+        """Return the loss of the model ``params`` on ``data`` (lower is better)."""
+
+    def user_metrics(self, params: Params, data: Dataset) -> dict[str, float]:
+        """Return the metrics of ``params`` on one user's data; ``"loss"`` is always present."""
+        return {"loss": self.loss(params, data)}
+
+    def best_hypothesis(self, params_list: Sequence[Params], data: Dataset) -> int:
+        """Return the index of the hypothesis with the lowest loss on ``data`` (first on ties)."""
+        if len(params_list) == 0:
+            raise ValueError("params_list must hold at least one hypothesis, got 0")
+        losses = [self.loss(params, data) for params in params_list]
+        return int(np.argmin(losses))
+
+    def evaluate(
+        self, params_list: Sequence[Params], datasets: Sequence[Dataset]
+    ) -> dict[str, float]:
+        """Score k hypotheses on users, each user with the hypothesis that fits it best.
+
+        Parameters
+        ----------
+        params_list : Sequence[Params]
+            The k hypotheses.
+        datasets : Sequence[Dataset]
+            One dataset per user (usually `validation_datasets`).
+
+        Returns
+        -------
+        dict[str, float]
+            ``"loss"``: mean over users of each user's lowest loss (the paper's Eq. 15 per
+            user, then averaged); ``"accuracy"`` for classifiers: mean over users of the accuracy
+            of that same hypothesis.
+        """
+        return evaluate_best_hypothesis(self.user_metrics, params_list, datasets)
+
+    # -- training ---------------------------------------------------------------------------
+    @abstractmethod
+    def train(
+        self,
+        params: Params,
+        data: Dataset,
+        *,
+        epochs: int,
+        learning_rate: float,
+        batch_size: int,
+        rng: np.random.Generator,
+        device: str = "auto",
+    ) -> Params:
+        """Train ``params`` locally and return the new parameters.
+
+        Mini-batch SGD: ``epochs`` passes over ``data``, each shuffled with ``rng`` and cut into
+        batches of ``batch_size`` (the last one may be smaller), step ``learning_rate``.
+        Returns float32 arrays shaped like ``params``; ``params`` is not modified.
+        """
+
+    # -- helpers for subclasses --------------------------------------------------------------
+    def _check(self, params: Params) -> None:
+        check_params(params, self.parameter_shapes)
+
+
+def check_params(params: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]) -> None:
+    """Raise ``ValueError`` unless ``params`` has one finite array per shape in ``shapes``."""
+    if len(params) != len(shapes):
+        raise ValueError(f"params must have {len(shapes)} layers, got {len(params)}")
+    for i, (array, shape) in enumerate(zip(params, shapes, strict=True)):
+        if tuple(np.shape(array)) != tuple(shape):
+            raise ValueError(
+                f"params layer {i} must have shape {tuple(shape)}, got {tuple(np.shape(array))}"
+            )
+
+
+def check_training_args(epochs: int, learning_rate: float, batch_size: int) -> None:
+    """Raise ``ValueError`` naming the argument when a training setting is out of range."""
+    if isinstance(epochs, bool) or not isinstance(epochs, int | np.integer) or epochs < 1:
+        raise ValueError(f"epochs must be a positive integer, got epochs={epochs!r}")
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, int | np.integer)
+        or batch_size < 1
+    ):
+        raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
+    if not (isinstance(learning_rate, int | float) and math.isfinite(learning_rate)) or (
+        learning_rate <= 0
+    ):
+        raise ValueError(
+            f"learning_rate must be a positive finite number, got learning_rate={learning_rate!r}"
+        )
+
+
+def minibatches(
+    num_samples: int, batch_size: int, rng: np.random.Generator
+) -> Iterator[np.ndarray]:
+    """Yield the index arrays of one epoch: a permutation drawn from ``rng``, cut in batches."""
+    order = rng.permutation(num_samples)
+    for start in range(0, num_samples, batch_size):
+        yield order[start : start + batch_size]
+
+
+def user_seed(data_seed: int, purpose: str, index: int) -> np.random.SeedSequence:
+    """Return the seed of one user's data, the same in every process.
+
+    Parameters
+    ----------
+    data_seed : int
+        The run's public ``data-seed``.
+    purpose : str
+        ``"train"``, ``"validation"``, ``"partition"`` or ``"rotation"``: keeps streams apart.
+    index : int
+        The user's index within its purpose (or any non-negative integer key).
+
+    Returns
+    -------
+    np.random.SeedSequence
+        ``SeedSequence([data_seed, code(purpose), index])``.
+    """
+    return np.random.SeedSequence([int(data_seed), SPLIT_CODES[purpose], int(index)])
+
+
+def resolve_users(users: int, partition_id: int, num_partitions: int, *, available: int) -> int:
+    """Check a partition against the ``users`` setting; return the number of training users.
+
+    Parameters
+    ----------
+    users : int
+        The ``users`` setting; 0 means one user per partition (``num_partitions``).
+    partition_id, num_partitions : int
+        The Flower partition.
+    available : int
+        How many training users the task can provide.
+
+    Returns
+    -------
+    int
+        The number of training users (``users`` or ``num_partitions``).
+
+    Raises
+    ------
+    TaskSettingsError
+        Naming ``users`` / ``num-partitions`` / ``partition-id`` when they do not fit.
+    """
+    if isinstance(num_partitions, bool) or num_partitions < 1:
+        raise TaskSettingsError(f"num-partitions must be >= 1, got num-partitions={num_partitions}")
+    if not 0 <= partition_id < num_partitions:
+        raise TaskSettingsError(
+            f"partition-id must be in [0, num-partitions={num_partitions}), "
+            f"got partition-id={partition_id}"
+        )
+    effective = users if users > 0 else num_partitions
+    if users > 0 and users != num_partitions:
+        raise TaskSettingsError(
+            f"users={users} does not match num-partitions={num_partitions}: one partition is "
+            "one user (set users=0 to use num-partitions)"
+        )
+    if effective > available:
+        raise TaskSettingsError(
+            f"users={effective} (num-partitions={num_partitions} when users=0) exceeds the "
+            f"{available} training users this task's data provides"
+        )
+    return effective
+
+
+def best_fits(
+    metrics_fn: Callable[[Params, Dataset], Mapping[str, float]],
+    params_list: Sequence[Params],
+    datasets: Sequence[Dataset],
+) -> list[BestFit]:
+    """For each user, the hypothesis with the lowest ``"loss"`` and the user's metrics under it.
+
+    Ties go to the lowest index.
+    """
+    if len(params_list) == 0:
+        raise ValueError("params_list must hold at least one hypothesis, got 0")
+    if len(datasets) == 0:
+        raise ValueError("datasets must hold at least one user, got 0")
+    fits = []
+    for data in datasets:
+        scored = [dict(metrics_fn(params, data)) for params in params_list]
+        losses = [m["loss"] for m in scored]
+        # NaN losses (a diverged hypothesis) never win unless all are NaN.
+        finite = [v if math.isfinite(v) else math.inf for v in losses]
+        j = int(np.argmin(finite))
+        fits.append(BestFit(index=j, metrics=scored[j]))
+    return fits
+
+
+def evaluate_best_hypothesis(
+    metrics_fn: Callable[[Params, Dataset], Mapping[str, float]],
+    params_list: Sequence[Params],
+    datasets: Sequence[Dataset],
+) -> dict[str, float]:
+    """Mean over users of each user's metrics under its best hypothesis (see `best_fits`)."""
+    fits = best_fits(metrics_fn, params_list, datasets)
+    keys = fits[0].metrics.keys()
+    return {key: float(np.mean([fit.metrics[key] for fit in fits])) for key in keys}

@@ -1,0 +1,233 @@
+"""Shared machinery of the torch tasks: parameter conversion, seeded init, train and score loops.
+
+Importing this module imports torch; only the torch tasks (digits, femnist, hospital) do.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from tasks.base import Dataset, Params, Task, check_params, check_training_args, minibatches
+from tasks.config import TaskSettingsError
+from tasks.device import DEVICES, configure_torch_threads, resolve_device
+
+__all__ = [
+    "TorchTask",
+    "count_parameters",
+    "from_arrays",
+    "rmse_loss",
+    "seeded_module",
+    "table3_cnn",
+    "to_arrays",
+]
+
+
+def to_arrays(module: nn.Module) -> Params:
+    """Return the module's ``state_dict`` as float32 NumPy arrays, in ``state_dict`` order."""
+    return [
+        tensor.detach().to("cpu", torch.float32).numpy().copy()
+        for tensor in module.state_dict().values()
+    ]
+
+
+def from_arrays(module: nn.Module, arrays: Sequence[np.ndarray]) -> nn.Module:
+    """Copy ``arrays`` (``state_dict`` order) into ``module`` in place and return it.
+
+    Raises
+    ------
+    ValueError
+        If the number of arrays or a shape does not match the module.
+    """
+    state = module.state_dict()
+    check_params(list(arrays), [tuple(t.shape) for t in state.values()])
+    with torch.no_grad():
+        for target, array in zip(state.values(), arrays, strict=True):
+            target.copy_(torch.as_tensor(_writable(np.asarray(array)), dtype=target.dtype))
+    return module
+
+
+def _writable(array: np.ndarray) -> np.ndarray:
+    # torch warns on read-only NumPy memory (Flower's arrays are np.frombuffer views).
+    return array if array.flags.writeable else array.copy()
+
+
+def seeded_module(build: Callable[[], nn.Module], seed: int) -> nn.Module:
+    """Build a module with torch's default init from ``seed``; global RNGs stay untouched."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+def table3_cnn(image_size: int, num_classes: int, kernel_size: int = 2) -> nn.Sequential:
+    """Build the CNN of Table 3 of seeds/001 for square one-channel ``image_size`` inputs.
+
+    Conv(1→32, k) ReLU, Conv(32→64, k) ReLU, MaxPool(2), Flatten, Linear(→128) ReLU,
+    Linear(128→num_classes). Table 3 also lists a ReLU after the pooling (a no-op on ReLU
+    outputs) and on the last layer; the last layer gives logits for the cross-entropy, so it has
+    none here.
+    """
+    side = (image_size - 2 * (kernel_size - 1)) // 2
+    if side < 1:
+        raise ValueError(f"image_size={image_size} is too small for kernel_size={kernel_size}")
+    return nn.Sequential(
+        nn.Conv2d(1, 32, kernel_size),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, kernel_size),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(64 * side * side, 128),
+        nn.ReLU(),
+        nn.Linear(128, num_classes),
+    )
+
+
+def rmse_loss(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """sqrt(mean squared error), with a zero (not NaN) gradient when the error is exactly 0."""
+    mse = torch.mean(torch.square(prediction - target))
+    # clamp_min passes no gradient below the floor, so d sqrt / d mse never meets 0 * inf.
+    return torch.sqrt(mse.clamp_min(torch.finfo(mse.dtype).tiny))
+
+
+class TorchTask(Task):
+    """A task whose model is a torch module; subclasses provide `model` and the data.
+
+    Parameters
+    ----------
+    device : str
+        Where `loss`, `user_metrics` and `evaluate` run (``"auto"``, ``"cpu"``, ``"cuda"``);
+        `train` takes its own ``device``.
+    """
+
+    objective: Literal["cross-entropy", "rmse"] = "cross-entropy"
+
+    def __init__(self, *, device: str = "auto") -> None:
+        configure_torch_threads()
+        spelled = device.strip().lower() if isinstance(device, str) else device
+        if not isinstance(spelled, str) or not (
+            spelled in DEVICES or re.fullmatch(r"cuda:\d+", spelled)
+        ):
+            # Only the spelling: whether CUDA exists is checked where the device is used.
+            raise TaskSettingsError(f"device must be one of {list(DEVICES)}, got device={device!r}")
+        self.device = spelled
+        self._modules: dict[str, nn.Module] = {}
+        self._shapes: list[tuple[int, ...]] | None = None
+
+    @abstractmethod
+    def model(self) -> nn.Module:
+        """Build a fresh, randomly initialised model (torch's default init)."""
+
+    # -- model ------------------------------------------------------------------------------
+    @property
+    def parameter_shapes(self) -> list[tuple[int, ...]]:
+        """Shapes of the model's ``state_dict`` entries, in order."""
+        if self._shapes is None:
+            self._shapes = [tuple(t.shape) for t in self.model().state_dict().values()]
+        return list(self._shapes)
+
+    def init_parameters(self, rng: np.random.Generator) -> Params:
+        """Torch's default init of `model`, seeded by a draw from ``rng``."""
+        seed = int(rng.integers(0, 2**63 - 1))
+        return to_arrays(seeded_module(self.model, seed))
+
+    def _module(self, device: torch.device, params: Params) -> nn.Module:
+        # One module per device per task object, reused: building the CNN costs more than
+        # copying the parameters in.
+        key = str(device)
+        module = self._modules.get(key)
+        if module is None:
+            module = self.model().to(device)
+            self._modules[key] = module
+        return from_arrays(module, params)
+
+    def _tensors(self, data: Dataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.as_tensor(_writable(np.asarray(data.x, dtype=np.float32)), device=device)
+        dtype = np.int64 if self.objective == "cross-entropy" else np.float32
+        y = torch.as_tensor(_writable(np.asarray(data.y, dtype=dtype)), device=device)
+        return x, y
+
+    def _objective(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if self.objective == "cross-entropy":
+            return F.cross_entropy(output, target)
+        return rmse_loss(output.reshape(target.shape), target)
+
+    # -- scoring ----------------------------------------------------------------------------
+    def user_metrics(self, params: Params, data: Dataset) -> dict[str, float]:
+        """``"loss"`` (mean cross-entropy or RMSE) and, for classifiers, ``"accuracy"``."""
+        self._check(params)
+        if len(data) == 0:
+            raise ValueError(f"user {data.user!r} has no samples")
+        device = resolve_device(self.device)
+        module = self._module(device, params)
+        module.eval()
+        x, y = self._tensors(data, device)
+        with torch.no_grad():
+            output = module(x)
+            metrics = {"loss": float(self._objective(output, y))}
+            if self.is_classifier:
+                metrics["accuracy"] = float((output.argmax(dim=1) == y).float().mean())
+        return metrics
+
+    def loss(self, params: Params, data: Dataset) -> float:
+        """Mean cross-entropy (classifiers) or RMSE (regression) of ``params`` on ``data``."""
+        return self.user_metrics(params, data)["loss"]
+
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """Model outputs (logits, or predictions of a regression) on ``x`` as a NumPy array."""
+        self._check(params)
+        device = resolve_device(self.device)
+        module = self._module(device, params)
+        module.eval()
+        with torch.no_grad():
+            output = module(
+                torch.as_tensor(_writable(np.asarray(x, dtype=np.float32)), device=device)
+            )
+        return output.to("cpu").numpy()
+
+    # -- training ---------------------------------------------------------------------------
+    def train(
+        self,
+        params: Params,
+        data: Dataset,
+        *,
+        epochs: int,
+        learning_rate: float,
+        batch_size: int,
+        rng: np.random.Generator,
+        device: str = "auto",
+    ) -> Params:
+        """Plain SGD (no momentum, no weight decay) on ``device``.
+
+        The model and the whole dataset move to the device once per call; the batches are index
+        slices on the device. Shuffling uses ``rng`` alone; the models have no dropout, so no
+        torch RNG is involved and torch's global seed is left alone.
+        """
+        self._check(params)
+        check_training_args(epochs, learning_rate, batch_size)
+        target = resolve_device(device)
+        module = self._module(target, params)
+        module.train()
+        x, y = self._tensors(data, target)
+        optimizer = torch.optim.SGD(module.parameters(), lr=float(learning_rate))
+        for _ in range(epochs):
+            for batch in minibatches(len(data), batch_size, rng):
+                index = torch.as_tensor(batch, device=target)
+                optimizer.zero_grad(set_to_none=True)
+                loss = self._objective(module(x[index]), y[index])
+                loss.backward()
+                optimizer.step()
+        return to_arrays(module)
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Count the scalars in the module's ``state_dict``."""
+    return sum(math.prod(t.shape) for t in module.state_dict().values())

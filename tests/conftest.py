@@ -1,0 +1,36 @@
+"""Shared fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+
+@pytest.fixture
+def no_leftover_processes() -> Iterator[None]:
+    """Fail if the test leaves any process it started behind."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = [
+        f"{p.pid} {p.name()}"
+        for p in psutil.Process().children(recursive=True)
+        if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not left, f"processes left running: {left}"
+
+
+def flower_processes() -> list[str]:
+    """Flower processes on this machine that are descendants of this test process."""
+    names = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-serverapp",
+             "flwr-clientapp")
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        if any(n in cmd for n in names):
+            out.append(f"{p.pid} {cmd[:80]}")
+    return out

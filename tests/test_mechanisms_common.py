@@ -1,0 +1,356 @@
+"""The contract every Mechanism keeps, the factory, the events, the RNG, and import weight."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mechanisms import (
+    EuclideanLaplace,
+    GaussianMechanism,
+    GaussianReleaseEvent,
+    Mechanism,
+    MetricPrivacyEvent,
+    NoMechanism,
+    NonPrivateEvent,
+    SignReleaseEvent,
+    StochasticSign,
+    build_mechanism,
+    event_from_dict,
+    make_rng,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MECHANISMS: dict[str, Callable[[], Mechanism]] = {
+    "laplace-neighbourhood": lambda: EuclideanLaplace(noise_multiplier=2.0),
+    "laplace-fixed-per-layer": lambda: EuclideanLaplace(
+        calibration="fixed", epsilon=1.0, public_radius=0.5, per_layer=True
+    ),
+    "gaussian": lambda: GaussianMechanism(
+        clip=1.0, epsilon=1.0, delta=1e-5, planned_releases=20
+    ),
+    "sign": lambda: StochasticSign(
+        clip=0.5, clip_mode="elementwise", epsilon=1.0, delta=1e-5, planned_releases=20
+    ),
+    "none": NoMechanism,
+}
+
+
+def make_pair() -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """A small model with mixed dtypes and shapes, including a scalar layer."""
+    rng = np.random.default_rng(123)
+    reference: list[np.ndarray] = [
+        rng.standard_normal((4, 3)).astype(np.float32),
+        rng.standard_normal(5).astype(np.float32),
+        np.array(0.5, dtype=np.float64),
+    ]
+    updated: list[np.ndarray] = [
+        (reference[0] + 0.1).astype(np.float32),
+        (reference[1] - 0.2).astype(np.float32),
+        np.array(0.75, dtype=np.float64),
+    ]
+    return reference, updated
+
+
+@pytest.fixture(params=sorted(MECHANISMS))
+def mechanism(request: pytest.FixtureRequest) -> Mechanism:
+    return MECHANISMS[request.param]()
+
+
+class TestEveryMechanism:
+    """What the client relies on, whichever mechanism it runs."""
+
+    def test_release_keeps_shapes_and_dtypes_and_is_finite(self, mechanism: Mechanism) -> None:
+        # Prepare
+        reference, updated = make_pair()
+
+        # Execute
+        released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
+
+        # Assert
+        assert len(released) == len(updated)
+        for out, upd in zip(released, updated, strict=True):
+            assert isinstance(out, np.ndarray)
+            assert out.shape == upd.shape
+            assert out.dtype == upd.dtype
+            assert np.isfinite(out).all()
+            assert not np.shares_memory(out, upd)
+
+    def test_event_comes_first_and_is_deterministic(self, mechanism: Mechanism) -> None:
+        # Prepare
+        reference, updated = make_pair()
+        before = [a.copy() for a in updated]
+
+        # Execute: the event needs no generator; two calls agree; it round-trips.
+        first = mechanism.event(reference, updated)
+        mechanism.sanitize(reference, updated, rng=np.random.default_rng(1))
+        second = mechanism.event(reference, updated)
+
+        # Assert
+        assert first == second
+        assert event_from_dict(first.to_dict()) == first
+        for a, b in zip(updated, before, strict=True):
+            np.testing.assert_array_equal(a, b)  # inputs are not modified
+
+    def test_same_seed_same_release(self, mechanism: Mechanism) -> None:
+        # Prepare
+        reference, updated = make_pair()
+
+        # Execute
+        a = mechanism.sanitize(reference, updated, rng=np.random.default_rng(42))
+        b = mechanism.sanitize(reference, updated, rng=np.random.default_rng(42))
+        c = mechanism.sanitize(reference, updated, rng=np.random.default_rng(43))
+
+        # Assert
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+        differs = any(not np.array_equal(x, z) for x, z in zip(a, c, strict=True))
+        assert differs == (mechanism.name != "none")
+
+    def test_public_metrics_are_the_three_documented_floats(self, mechanism: Mechanism) -> None:
+        # Prepare
+        reference, updated = make_pair()
+
+        # Execute
+        metrics = mechanism.public_metrics(reference, updated)
+
+        # Assert
+        assert set(metrics) == {"sigma", "budget-epsilon", "budget-delta"}
+        assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in metrics.values())
+        assert (metrics["sigma"] > 0) == (mechanism.name != "none")
+
+    @pytest.mark.parametrize(
+        ("mutate", "error", "pattern"),
+        [
+            (lambda r, u: (r, u[:2]), ValueError, "same number of layers"),
+            (lambda r, u: (r, [u[0].reshape(3, 4), *u[1:]]), ValueError, "shapes differ"),
+            (lambda r, u: (r, [u[0], np.full(5, np.nan, np.float32), u[2]]), ValueError,
+             r"updated\[1\] contains non-finite"),
+            (lambda r, u: ([np.full((4, 3), np.inf, np.float32), *r[1:]], u), ValueError,
+             r"reference\[0\] contains non-finite"),
+            (lambda r, u: (r, [u[0].astype(np.int64), *u[1:]]), TypeError, "floating-point"),
+            (lambda r, u: ([], []), ValueError, "at least one layer"),
+            (lambda r, u: (r[0], u[0]), TypeError, "sequence of arrays"),
+        ],
+    )
+    def test_bad_models_are_refused_by_every_method(
+        self, mechanism: Mechanism, mutate: Callable, error: type[Exception], pattern: str
+    ) -> None:
+        # Prepare
+        reference, updated = mutate(*make_pair())
+
+        # Execute / Assert
+        with pytest.raises(error, match=pattern):
+            mechanism.event(reference, updated)
+        with pytest.raises(error, match=pattern):
+            mechanism.public_metrics(reference, updated)
+        with pytest.raises(error, match=pattern):
+            mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
+
+    def test_sanitize_needs_a_generator(self, mechanism: Mechanism) -> None:
+        reference, updated = make_pair()
+        with pytest.raises(TypeError, match=r"rng must be a numpy\.random\.Generator"):
+            mechanism.sanitize(reference, updated, rng=0)  # type: ignore[arg-type]
+
+
+# -- build_mechanism -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "expected"),
+    [
+        ("laplace", {"calibration": "neighbourhood", "noise_multiplier": 5.0}, EuclideanLaplace),
+        ("laplace", {"calibration": "fixed", "epsilon": 1.0, "public-radius": 2.0},
+         EuclideanLaplace),
+        ("gaussian", {"clip": 1.0, "epsilon": 1.0, "delta": 1e-5, "planned-releases": 5},
+         GaussianMechanism),
+        ("sign", {"clip": 1.0, "clip-mode": "elementwise", "epsilon": 1.0, "delta": 1e-5,
+                  "planned_releases": 5}, StochasticSign),
+        ("none", {}, NoMechanism),
+    ],
+)
+def test_build_mechanism_makes_the_named_class(
+    name: str, settings: dict[str, object], expected: type
+) -> None:
+    # Execute
+    mechanism = build_mechanism(name, **settings)
+
+    # Assert
+    assert type(mechanism) is expected
+    assert mechanism.name == name
+
+
+def test_build_mechanism_reads_a_whole_privacy_section() -> None:
+    # Prepare: every privacy key of the run configuration, as pyproject.toml has them.
+    section = {
+        "calibration": "fixed", "noise-multiplier": 5.0, "epsilon": 1.0, "public-radius": 3.0,
+        "per-layer": True, "delta": 1e-5, "clip": 1.0, "clip-mode": "l2", "planned-releases": 40,
+    }
+
+    # Execute
+    laplace = build_mechanism("laplace", **section)
+    gaussian = build_mechanism("gaussian", **section)
+
+    # Assert: each takes only its own keys.
+    assert isinstance(laplace, EuclideanLaplace)
+    assert (laplace.calibration, laplace.epsilon, laplace.public_radius, laplace.per_layer) == (
+        "fixed", 1.0, 3.0, True)
+    assert laplace.noise_multiplier is None
+    assert isinstance(gaussian, GaussianMechanism)
+    assert (gaussian.clip, gaussian.epsilon, gaussian.planned_releases) == (1.0, 1.0, 40)
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "error", "pattern"),
+    [
+        ("dp-sgd", {}, ValueError, r"unknown mechanism 'dp-sgd'; known mechanisms: \['gaussian'"),
+        ("laplace", {"noise_multipler": 5.0}, TypeError, "unknown mechanism setting"),
+        ("laplace", {"calibration": "neighbourhood"}, ValueError,
+         "mechanism 'laplace' needs the setting\\(s\\) noise_multiplier"),
+        ("laplace", {"calibration": "fixed", "epsilon": 1.0}, ValueError, "public_radius"),
+        ("gaussian", {"clip": 1.0, "epsilon": 1.0}, ValueError,
+         "mechanism 'gaussian' needs the setting\\(s\\) delta, planned_releases"),
+        ("laplace", {"calibration": "hybrid", "noise_multiplier": 1.0}, ValueError,
+         "calibration must be one of"),
+    ],
+)
+def test_build_mechanism_errors_are_clear(
+    name: str, settings: dict[str, object], error: type[Exception], pattern: str
+) -> None:
+    with pytest.raises(error, match=pattern):
+        build_mechanism(name, **settings)
+
+
+# -- events ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        MetricPrivacyEvent(((0.5, 2.0), (1.5, 0.0))),
+        GaussianReleaseEvent(3.25),
+        SignReleaseEvent(3.25),
+        NonPrivateEvent(),
+    ],
+)
+def test_events_round_trip_through_dicts(event: object) -> None:
+    # Execute
+    d = event.to_dict()  # type: ignore[attr-defined]
+    back = event_from_dict(d)
+
+    # Assert
+    assert back == event
+    assert type(back) is type(event)
+
+
+def test_metric_cost_is_the_sum_of_epsilon_times_radius() -> None:
+    assert MetricPrivacyEvent(((0.5, 2.0), (1.5, 3.0), (2.0, 0.0))).cost == pytest.approx(5.5)
+
+
+def test_sign_and_gaussian_events_are_distinct() -> None:
+    assert SignReleaseEvent(1.0) != GaussianReleaseEvent(1.0)
+    assert event_from_dict({"kind": "sign", "noise_multiplier": 1.0}) == SignReleaseEvent(1.0)
+
+
+def test_events_are_immutable() -> None:
+    event = GaussianReleaseEvent(2.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        event.noise_multiplier = 0.1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("d", "error", "pattern"),
+    [
+        ({"kind": "laplace-ish"}, ValueError, "unknown privacy event kind 'laplace-ish'"),
+        ({}, ValueError, "unknown privacy event kind None"),
+        ([("kind", "none")], TypeError, "an event must be a dict"),
+        ({"kind": "gaussian"}, ValueError, r"needs exactly the fields \['noise_multiplier'\]"),
+        ({"kind": "none", "extra": 1}, ValueError, "needs exactly the fields"),
+        ({"kind": "gaussian", "noise_multiplier": float("nan")}, ValueError,
+         "noise_multiplier must be positive and finite"),
+        ({"kind": "sign", "noise_multiplier": -1.0}, ValueError,
+         "noise_multiplier must be positive"),
+        ({"kind": "gaussian", "noise_multiplier": "2"}, TypeError, "must be a real number"),
+        ({"kind": "metric", "layers": []}, ValueError, "at least one"),
+        ({"kind": "metric", "layers": [[1.0, -2.0]]}, ValueError, "radius must be non-negative"),
+        ({"kind": "metric", "layers": [[float("inf"), 1.0]]}, ValueError,
+         "epsilon must be positive and finite"),
+        ({"kind": "metric", "layers": [[1.0]]}, TypeError, "pairs"),
+        ({"kind": "metric", "layers": [1.0]}, TypeError, "pairs"),
+        ({"kind": "metric", "layers": "1,2"}, TypeError, "list of"),
+    ],
+)
+def test_bad_event_dicts_are_refused(d: object, error: type[Exception], pattern: str) -> None:
+    with pytest.raises(error, match=pattern):
+        event_from_dict(d)  # type: ignore[arg-type]
+
+
+# -- make_rng ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [None, -1, -100])
+def test_unseeded_generators_use_os_entropy_quietly(
+    seed: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Execute
+    with caplog.at_level(logging.WARNING):
+        a, b = make_rng(seed), make_rng(seed)
+
+    # Assert
+    assert isinstance(a, np.random.Generator)
+    assert a.integers(2**62) != b.integers(2**62)  # fails with probability 2^-62
+    assert caplog.records == []
+
+
+def test_fixed_seed_is_reproducible_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    # Execute
+    with caplog.at_level(logging.WARNING, logger="mechanisms.rng"):
+        a, b = make_rng(7), make_rng(np.int64(7))  # type: ignore[arg-type]
+
+    # Assert
+    assert a.integers(2**62) == b.integers(2**62)
+    assert len(caplog.records) == 2
+    assert caplog.records[0].levelno == logging.WARNING
+    assert "experiments only" in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("seed", [1.5, "7", True])
+def test_make_rng_rejects_non_integer_seeds(seed: object) -> None:
+    with pytest.raises(TypeError, match="seed must be an integer or None"):
+        make_rng(seed)  # type: ignore[arg-type]
+
+
+# -- import weight -----------------------------------------------------------------------------
+
+
+def test_importing_and_using_laplace_stays_light(tmp_path: Path) -> None:
+    # Prepare: a client process that sanitizes with Laplace and charges its ledger
+    # must not pay for dp-accounting or SciPy, and nothing may pull in Flower or torch.
+    code = (
+        "import sys, numpy as np, mechanisms as m\n"
+        "mech = m.EuclideanLaplace(noise_multiplier=5.0)\n"
+        "ref, upd = [np.zeros(3)], [np.ones(3)]\n"
+        f"ledger = m.PrivacyLedger({str(tmp_path / 'l.json')!r}, delta=1e-5)\n"
+        "ledger.charge(mech.event(ref, upd), cap=10.0)\n"
+        "mech.sanitize(ref, upd, rng=m.make_rng(None))\n"
+        "ledger.spent()\n"
+        "heavy = ('dp_accounting', 'scipy', 'flwr', 'torch')\n"
+        "print(sorted(k for k in sys.modules if k.split('.')[0] in heavy))\n"
+    )
+
+    # Execute
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+
+    # Assert
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,234 @@
+"""Clipping, the Gaussian mechanism and the stochastic-sign mechanism."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from mechanisms import (
+    GaussianMechanism,
+    GaussianReleaseEvent,
+    SignReleaseEvent,
+    StochasticSign,
+    calibrate_gaussian_noise_multiplier,
+    clip_elementwise,
+    clip_l2,
+    l2_sensitivity,
+)
+
+SETTINGS = {"clip": 1.0, "epsilon": 2.0, "delta": 1e-5, "planned_releases": 10}
+
+# -- clipping -----------------------------------------------------------------------------
+
+
+def test_clip_l2_scales_the_whole_update_to_norm_c() -> None:
+    # Prepare: two layers, joint vector (3, 4) with norm 5.
+    arrays = [np.array([3.0], np.float32), np.array([[4.0]])]
+
+    # Execute
+    clipped = clip_l2(arrays, 1.0)
+
+    # Assert
+    np.testing.assert_allclose(clipped[0], [0.6], rtol=1e-6)
+    np.testing.assert_allclose(clipped[1], [[0.8]], rtol=1e-12)
+    assert [a.dtype for a in clipped] == [np.float32, np.float64]
+    assert [a.shape for a in clipped] == [(1,), (1, 1)]
+
+
+def test_clip_l2_leaves_short_updates_alone_but_copies_them() -> None:
+    # Prepare
+    arrays = [np.array([0.3, -0.4])]
+
+    # Execute
+    clipped = clip_l2(arrays, 1.0)
+
+    # Assert
+    np.testing.assert_array_equal(clipped[0], arrays[0])
+    assert not np.shares_memory(clipped[0], arrays[0])
+
+
+def test_clip_elementwise_bounds_each_coordinate() -> None:
+    # Execute
+    clipped = clip_elementwise([np.array([-3.0, -0.5, 0.2, 9.0], np.float32)], 1.0)
+
+    # Assert
+    np.testing.assert_array_equal(clipped[0], np.array([-1.0, -0.5, 0.2, 1.0], np.float32))
+    assert clipped[0].dtype == np.float32
+
+
+def test_sensitivity_is_2c_for_l2_and_2c_sqrt_n_elementwise() -> None:
+    assert l2_sensitivity("l2", 1.5, 100) == 3.0
+    assert l2_sensitivity("elementwise", 0.5, 16) == 4.0
+
+
+@pytest.mark.parametrize(
+    ("call", "pattern"),
+    [
+        (lambda: clip_l2([np.ones(2)], -1.0), "c must be positive and finite, got c=-1.0"),
+        (lambda: clip_elementwise([np.ones(2)], math.nan),
+         "c must be positive and finite, got c=nan"),
+        (lambda: l2_sensitivity("l1", 1.0, 3),
+         "mode must be one of 'l2' | 'elementwise', got mode='l1'"),
+        (lambda: l2_sensitivity("l2", 0.0, 3), "clip must be positive and finite, got clip=0.0"),
+        (lambda: l2_sensitivity("l2", 1.0, 0), "n must be a positive integer, got n=0"),
+    ],
+)
+def test_clipping_errors_name_the_parameter(call: object, pattern: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(pattern)):
+        call()  # type: ignore[operator]
+
+
+# -- Gaussian --------------------------------------------------------------------------------
+
+
+def test_gaussian_event_and_sigma_follow_the_calibration() -> None:
+    # Prepare
+    z = calibrate_gaussian_noise_multiplier(2.0, 1e-5, 10)
+    model = [np.zeros((2, 3), np.float32), np.zeros(4, np.float32)]
+
+    # Execute
+    l2 = GaussianMechanism(**SETTINGS)  # type: ignore[arg-type]
+    elementwise = GaussianMechanism(**{**SETTINGS, "clip_mode": "elementwise"})  # type: ignore[arg-type]
+
+    # Assert
+    assert l2.event(model, model) == GaussianReleaseEvent(z)
+    assert l2.public_metrics(model, model) == {
+        "sigma": pytest.approx(z * 2.0),
+        "budget-epsilon": 2.0,
+        "budget-delta": 1e-5,
+    }
+    sigma = elementwise.public_metrics(model, model)["sigma"]
+    assert sigma == pytest.approx(z * 2.0 * math.sqrt(10))
+
+
+def test_gaussian_release_is_reference_plus_clipped_update_plus_noise() -> None:
+    # Prepare: the update (3, 4) has norm 5 and is clipped to (0.6, 0.8); the noise is
+    # the same seed's standard normals times sigma, in float64, cast at the end.
+    mechanism = GaussianMechanism(**SETTINGS)  # type: ignore[arg-type]
+    reference = [np.array([1.0, -1.0], np.float32)]
+    updated = [np.array([4.0, 3.0], np.float32)]
+    sigma = mechanism.sigma(2)
+    noise = np.random.default_rng(7).standard_normal(2) * sigma
+
+    # Execute
+    released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(7))
+
+    # Assert
+    expected = (np.array([1.0, -1.0]) + np.array([0.6, 0.8]) + noise).astype(np.float32)
+    np.testing.assert_array_equal(released[0], expected)
+    assert released[0].dtype == np.float32
+
+
+def test_gaussian_noise_is_normal_with_std_sigma() -> None:
+    # Prepare: a zero update, so the release is pure noise; 20000 coordinates,
+    # KS against N(0, sigma^2) at alpha = 0.001 (false-positive rate 0.1%).
+    mechanism = GaussianMechanism(**SETTINGS)  # type: ignore[arg-type]
+    model = [np.zeros((100, 100)), np.zeros(10000)]
+    sigma = mechanism.public_metrics(model, model)["sigma"]
+
+    # Execute
+    released = mechanism.sanitize(model, model, rng=np.random.default_rng(8))
+    values = np.concatenate([a.ravel() for a in released])
+
+    # Assert
+    assert stats.kstest(values, stats.norm(scale=sigma).cdf).pvalue > 1e-3
+    assert stats.kstest(values, stats.norm(scale=1.05 * sigma).cdf).pvalue < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "pattern"),
+    [
+        ({"clip": 0.0}, ValueError, "clip must be positive and finite, got clip=0.0"),
+        ({"clip_mode": "l1"}, ValueError, "clip_mode must be one of 'l2' | 'elementwise'"),
+        ({"epsilon": -2.0}, ValueError, "epsilon must be positive and finite, got epsilon=-2.0"),
+        ({"delta": 1.0}, ValueError, "delta must be in the open interval (0, 1), got delta=1.0"),
+        ({"planned_releases": 0}, ValueError, "planned_releases must be a positive integer"),
+        ({"planned_releases": 2.0}, TypeError, "planned_releases must be an integer"),
+    ],
+)
+@pytest.mark.parametrize("cls", [GaussianMechanism, StochasticSign])
+def test_constructor_errors_name_the_setting(
+    cls: type, kwargs: dict[str, object], error: type[Exception], pattern: str
+) -> None:
+    with pytest.raises(error, match=re.escape(pattern)):
+        cls(**{**SETTINGS, **kwargs})
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    name=st.sampled_from(["clip", "epsilon"]),
+    value=st.one_of(st.floats(max_value=0.0), st.sampled_from([math.inf, math.nan])),
+)
+def test_constructor_rejects_bad_values_naming_them(name: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be positive and finite, got {name}="):
+        GaussianMechanism(**{**SETTINGS, name: value})  # type: ignore[arg-type]
+
+
+# -- stochastic sign ---------------------------------------------------------------------------
+
+
+def test_sign_release_is_plus_or_minus_one_in_each_dtype() -> None:
+    # Prepare
+    mechanism = StochasticSign(**SETTINGS)  # type: ignore[arg-type]
+    reference: list[np.ndarray] = [np.zeros((3, 3), np.float32), np.zeros(5, np.float64)]
+    updated: list[np.ndarray] = [np.full((3, 3), 0.1, np.float32), np.full(5, -0.1)]
+
+    # Execute
+    released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
+
+    # Assert
+    assert [a.dtype for a in released] == [np.float32, np.float64]
+    assert [a.shape for a in released] == [(3, 3), (5,)]
+    for a in released:
+        assert set(np.unique(a)) <= {-1.0, 1.0}
+    assert mechanism.event(reference, updated) == SignReleaseEvent(mechanism.noise_multiplier)
+
+
+def test_sign_is_plus_one_with_probability_phi_p_over_sigma() -> None:
+    # Prepare: generous budget (eps = 20, one release) so that sigma is small enough
+    # for an unclipped update with p/sigma = (1, -1, 0, 0.5). 10000 releases; each
+    # frequency within 4.5 standard errors of Phi(p/sigma) (FPR ~7e-6 per coordinate).
+    mechanism = StochasticSign(clip=1.0, epsilon=20.0, delta=1e-3, planned_releases=1)
+    sigma = mechanism.sigma(4)
+    ratios = np.array([1.0, -1.0, 0.0, 0.5])
+    assert np.linalg.norm(ratios * sigma) <= 1.0  # the update is not clipped
+    reference = [np.zeros(4)]
+    updated = [ratios * sigma]
+    rng = np.random.default_rng(9)
+    count = 10000
+
+    # Execute
+    plus = sum((mechanism.sanitize(reference, updated, rng=rng)[0] > 0).astype(int)
+               for _ in range(count))
+
+    # Assert
+    expected = stats.norm.cdf(ratios)
+    stderr = np.sqrt(expected * (1 - expected) / count)
+    assert np.all(np.abs(plus / count - expected) < 4.5 * stderr)
+
+
+def test_sign_uses_the_clipped_update() -> None:
+    # Prepare: a huge update is clipped to norm C = 1 first, so its coordinates
+    # (0.6, 0.8) / sigma give probabilities well inside (0, 1), not 1.
+    mechanism = StochasticSign(clip=1.0, epsilon=20.0, delta=1e-3, planned_releases=1)
+    sigma = mechanism.sigma(2)
+    reference = [np.zeros(2)]
+    updated = [np.array([600.0, 800.0])]
+    rng = np.random.default_rng(10)
+    count = 4000  # 4.5 standard errors, as above
+
+    # Execute
+    plus = sum((mechanism.sanitize(reference, updated, rng=rng)[0] > 0).astype(int)
+               for _ in range(count))
+
+    # Assert
+    expected = stats.norm.cdf(np.array([0.6, 0.8]) / sigma)
+    assert np.all(expected < 0.999)
+    stderr = np.sqrt(expected * (1 - expected) / count)
+    assert np.all(np.abs(plus / count - expected) < 4.5 * stderr)

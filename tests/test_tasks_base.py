@@ -1,0 +1,223 @@
+"""Tests of the task contract: registry, settings readers, shared helpers, import cost."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tasks
+from tasks.base import (
+    Dataset,
+    Params,
+    Task,
+    best_fits,
+    check_training_args,
+    evaluate_best_hypothesis,
+    minibatches,
+    resolve_users,
+    user_seed,
+)
+from tasks.config import TaskSettingsError, get_float, get_int, get_str
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- registry -----------------------------------------------------------------------------------
+def test_load_task_defaults_to_synthetic() -> None:
+    task = tasks.load_task({})
+    assert task.name == "synthetic"
+
+
+def test_load_task_unknown_name_names_the_key() -> None:
+    with pytest.raises(ValueError, match=r"task=.*'nope'"):
+        tasks.load_task({"task": "nope"})
+
+
+def test_task_settings_error_is_a_value_error() -> None:
+    assert issubclass(TaskSettingsError, ValueError)
+
+
+@pytest.mark.parametrize("name", ["synthetic", "fairness"])
+def test_numpy_tasks_import_neither_torch_nor_sklearn(name: str) -> None:
+    code = (
+        "import sys, tasks\n"
+        f"task = tasks.load_task({{'task': {name!r}}})\n"
+        "task.client_dataset(0, 3)\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "assert 'sklearn' not in sys.modules, 'sklearn imported'\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_device_module_import_is_light() -> None:
+    code = "import sys, tasks.device\nassert 'torch' not in sys.modules\n"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+
+
+# -- settings readers ---------------------------------------------------------------------------
+def test_get_int_accepts_int_integral_float_and_string() -> None:
+    assert get_int({"k": 3}, "k", 0) == 3
+    assert get_int({"k": 3.0}, "k", 0) == 3
+    assert get_int({"k": " 7 "}, "k", 0) == 7
+    assert get_int({}, "k", 5) == 5
+
+
+@pytest.mark.parametrize("value", [True, 2.5, "x", None, [1]])
+def test_get_int_rejects_non_integers_naming_key(value: object) -> None:
+    with pytest.raises(TaskSettingsError, match="users="):
+        get_int({"users": value}, "users", 0)
+
+
+def test_get_int_bounds_name_key_and_value() -> None:
+    with pytest.raises(TaskSettingsError, match=r"samples-per-user must be >= 1.*=0"):
+        get_int({"samples-per-user": 0}, "samples-per-user", 10, minimum=1)
+    with pytest.raises(TaskSettingsError, match=r"k must be <= 3.*k=4"):
+        get_int({"k": 4}, "k", 0, maximum=3)
+
+
+def test_get_float_rules() -> None:
+    assert get_float({"p": "0.25"}, "p", 0.5) == 0.25
+    assert get_float({"p": 1}, "p", 0.5) == 1.0
+    for bad in (float("nan"), float("inf"), "abc", True):
+        with pytest.raises(TaskSettingsError, match="rotate-probability="):
+            get_float({"rotate-probability": bad}, "rotate-probability", 0.5)
+    with pytest.raises(TaskSettingsError, match=r"rotate-probability must be <= 1.0"):
+        get_float({"rotate-probability": 1.5}, "rotate-probability", 0.5, maximum=1.0)
+
+
+def test_get_str() -> None:
+    assert get_str({"data-path": " /x "}, "data-path", "") == "/x"
+    with pytest.raises(TaskSettingsError, match="data-path=3"):
+        get_str({"data-path": 3}, "data-path", "")
+
+
+# -- helpers ------------------------------------------------------------------------------------
+def test_dataset_checks_lengths() -> None:
+    with pytest.raises(ValueError, match="one entry per sample"):
+        Dataset(x=np.zeros((3, 2)), y=np.zeros(2), group=np.zeros(3, dtype=np.int64), user="u")
+    data = Dataset(x=np.zeros((3, 2)), y=np.zeros(3), group=np.zeros(3, np.int64), user="u")
+    assert len(data) == 3
+
+
+def test_minibatches_cover_each_sample_once_per_epoch() -> None:
+    batches = list(minibatches(23, 10, np.random.default_rng(0)))
+    assert [len(b) for b in batches] == [10, 10, 3]
+    assert sorted(np.concatenate(batches).tolist()) == list(range(23))
+
+
+def test_user_seed_streams_are_distinct_and_reproducible() -> None:
+    def draw(seed: int, purpose: str, index: int) -> float:
+        return float(np.random.default_rng(user_seed(seed, purpose, index)).random())
+
+    assert draw(0, "train", 1) == draw(0, "train", 1)
+    assert len({draw(0, "train", 1), draw(0, "validation", 1), draw(1, "train", 1)}) == 3
+
+
+def test_resolve_users() -> None:
+    assert resolve_users(0, 2, 5, available=10) == 5
+    assert resolve_users(5, 4, 5, available=10) == 5
+    with pytest.raises(TaskSettingsError, match=r"users=4.*num-partitions=5"):
+        resolve_users(4, 0, 5, available=10)
+    with pytest.raises(TaskSettingsError, match="partition-id"):
+        resolve_users(0, 5, 5, available=10)
+    with pytest.raises(TaskSettingsError, match=r"users=5 .*num-partitions=5.*exceeds the 3"):
+        resolve_users(0, 0, 5, available=3)
+    with pytest.raises(TaskSettingsError, match="num-partitions"):
+        resolve_users(0, 0, 0, available=3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"epochs": 0, "learning_rate": 0.1, "batch_size": 1}, "epochs"),
+        ({"epochs": 1, "learning_rate": 0.0, "batch_size": 1}, "learning_rate"),
+        ({"epochs": 1, "learning_rate": float("nan"), "batch_size": 1}, "learning_rate"),
+        ({"epochs": 1, "learning_rate": 0.1, "batch_size": 0}, "batch_size"),
+    ],
+)
+def test_check_training_args_names_argument(kwargs: dict[str, float], name: str) -> None:
+    with pytest.raises(ValueError, match=f"{name}="):
+        check_training_args(**kwargs)  # type: ignore[arg-type]
+
+
+class _ConstantTask(Task):
+    """Scalar "model" c; a user's loss is |c - mean(y)|; accuracy = 1 if the loss < 0.5."""
+
+    name = "constant"
+    is_classifier = True
+
+    @property
+    def parameter_shapes(self) -> list[tuple[int, ...]]:
+        return [(1,)]
+
+    def init_parameters(self, rng: np.random.Generator) -> Params:
+        return [rng.standard_normal(1).astype(np.float32)]
+
+    def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
+        raise NotImplementedError
+
+    def validation_datasets(self) -> list[Dataset]:
+        raise NotImplementedError
+
+    def loss(self, params: Params, data: Dataset) -> float:
+        return float(abs(params[0][0] - np.mean(data.y)))
+
+    def user_metrics(self, params: Params, data: Dataset) -> dict[str, float]:
+        loss = self.loss(params, data)
+        return {"loss": loss, "accuracy": float(loss < 0.5)}
+
+    def train(
+        self,
+        params: Params,
+        data: Dataset,
+        *,
+        epochs: int,
+        learning_rate: float,
+        batch_size: int,
+        rng: np.random.Generator,
+        device: str = "auto",
+    ) -> Params:
+        raise NotImplementedError
+
+
+def _user(value: float) -> Dataset:
+    return Dataset(x=np.zeros((2, 1)), y=np.full(2, value), group=np.zeros(2, np.int64), user="u")
+
+
+def test_evaluate_takes_best_hypothesis_per_user() -> None:
+    task = _ConstantTask()
+    hypotheses = [[np.array([0.0], np.float32)], [np.array([10.0], np.float32)]]
+    users = [_user(1.0), _user(9.0), _user(4.0)]
+    # best losses: 1 (h0), 1 (h1), 4 (h0) -> mean 2; accuracies all 0 (losses >= 0.5)
+    assert task.evaluate(hypotheses, users) == {"loss": 2.0, "accuracy": 0.0}
+    fits = best_fits(task.user_metrics, hypotheses, users)
+    assert [f.index for f in fits] == [0, 1, 0]
+    assert task.best_hypothesis(hypotheses, users[1]) == 1
+    # the order of the hypotheses does not matter
+    assert task.evaluate(hypotheses[::-1], users) == {"loss": 2.0, "accuracy": 0.0}
+
+
+def test_evaluate_ignores_nan_hypothesis_and_rejects_empty_input() -> None:
+    task = _ConstantTask()
+    hypotheses = [[np.array([np.nan], np.float32)], [np.array([1.0], np.float32)]]
+    assert evaluate_best_hypothesis(task.user_metrics, hypotheses, [_user(1.0)])["loss"] == 0.0
+    with pytest.raises(ValueError, match="params_list"):
+        task.evaluate([], [_user(1.0)])
+    with pytest.raises(ValueError, match="datasets"):
+        task.evaluate(hypotheses, [])
+
+
+def test_initial_hypotheses_rejects_bad_k() -> None:
+    with pytest.raises(ValueError, match="k=0"):
+        _ConstantTask().initial_hypotheses(0, np.random.default_rng(0))
+    assert _ConstantTask().num_parameters == 1

@@ -1,0 +1,179 @@
+"""Tests of the rotated-digits task, the torch helpers and device selection."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import tasks  # noqa: E402
+from tasks.config import TaskSettingsError  # noqa: E402
+from tasks.device import configure_torch_threads, resolve_device  # noqa: E402
+from tasks.digits import DigitsTask, digits_cnn, from_arrays, to_arrays  # noqa: E402
+from tasks.torch_support import count_parameters, rmse_loss, seeded_module  # noqa: E402
+
+USERS = 20
+
+
+@pytest.fixture(scope="module")
+def task() -> DigitsTask:
+    built = tasks.load_task({"task": "digits", "device": "cpu"})
+    assert isinstance(built, DigitsTask)
+    return built
+
+
+def _digest(images: np.ndarray) -> list[str]:
+    return [hashlib.sha1(np.ascontiguousarray(img).tobytes()).hexdigest() for img in images]
+
+
+def test_cnn_shape_and_parameter_count(task: DigitsTask) -> None:
+    # conv 1->32 k2: 160, conv 32->64 k2: 8256, fc 576->128: 73856, fc 128->10: 1290
+    assert task.num_parameters == 160 + 8256 + 73856 + 1290 == 83562
+    assert count_parameters(digits_cnn()) == task.num_parameters
+    assert task.parameter_shapes[0] == (32, 1, 2, 2) and task.parameter_shapes[-1] == (10,)
+    out = digits_cnn()(torch.zeros(3, 1, 8, 8))
+    assert tuple(out.shape) == (3, 10)
+
+
+def test_partitions_are_disjoint_and_cover_the_images() -> None:
+    flat = DigitsTask(rotate_probability=0.0)
+    train = [flat.client_dataset(p, USERS) for p in range(USERS)]
+    validation = flat.validation_datasets()
+    assert sum(len(d) for d in train) == 1438 and sum(len(d) for d in validation) == 359
+    assert len(validation) == 20
+    from sklearn.datasets import load_digits
+
+    every = (np.asarray(load_digits().images, np.float32) / 16.0)[:, None]
+    ours = np.concatenate([d.x for d in train + validation])
+    assert sorted(_digest(ours)) == sorted(_digest(every))
+    assert max(len(d) for d in train) - min(len(d) for d in train) <= 1
+
+
+def test_data_are_deterministic_and_seeded(task: DigitsTask) -> None:
+    again = DigitsTask(device="cpu")
+    a, b = task.client_dataset(5, USERS), again.client_dataset(5, USERS)
+    assert a.x.tobytes() == b.x.tobytes() and a.y.tobytes() == b.y.tobytes()
+    assert a.x.dtype == np.float32 and a.x.shape[1:] == (1, 8, 8) and a.y.dtype == np.int64
+    other = DigitsTask(data_seed=1).client_dataset(5, USERS)
+    assert other.y.tobytes() != a.y.tobytes()
+
+
+def test_rotation_is_per_user_and_counter_clockwise() -> None:
+    flat = DigitsTask(rotate_probability=0.0)
+    turned = DigitsTask(rotate_probability=1.0)
+    for p in (0, 3):
+        plain, rotated = flat.client_dataset(p, USERS), turned.client_dataset(p, USERS)
+        np.testing.assert_array_equal(rotated.x, np.rot90(plain.x, k=1, axes=(2, 3)))
+        assert set(plain.group) == {0} and set(rotated.group) == {1}
+    half = DigitsTask(rotate_probability=0.5)
+    groups = [set(half.client_dataset(p, 100).group.tolist()) for p in range(100)]
+    assert all(len(g) == 1 for g in groups)  # one orientation per user
+    rotated_users = sum(g == {1} for g in groups)
+    assert 30 <= rotated_users <= 70
+
+
+def test_settings_errors_name_the_key() -> None:
+    with pytest.raises(ValueError, match="rotate-probability"):
+        tasks.load_task({"task": "digits", "rotate-probability": 2})
+    with pytest.raises(ValueError, match="validation-users"):
+        tasks.load_task({"task": "digits", "validation-users": 400})
+    task = DigitsTask(users=10)
+    with pytest.raises(ValueError, match=r"users=10.*num-partitions=9"):
+        task.client_dataset(0, 9)
+    with pytest.raises(ValueError, match="exceeds"):
+        DigitsTask().client_dataset(0, 2000)
+    with pytest.raises(ValueError, match="device='tpu'"):
+        tasks.load_task({"task": "digits", "device": "tpu"})
+
+
+def test_initial_hypotheses_are_seeded_and_distinct(task: DigitsTask) -> None:
+    state = torch.random.get_rng_state()
+    first = task.initial_hypotheses(2, np.random.default_rng(4))
+    again = task.initial_hypotheses(2, np.random.default_rng(4))
+    assert torch.equal(state, torch.random.get_rng_state())  # global torch RNG untouched
+    assert all(a.dtype == np.float32 for a in first[0])
+    assert [a.shape for a in first[0]] == task.parameter_shapes
+    assert all(np.array_equal(x, y) for x, y in zip(first[0], again[0], strict=True))
+    assert not np.array_equal(first[0][0], first[1][0])
+
+
+def test_array_round_trip() -> None:
+    source, target = seeded_module(digits_cnn, 1), seeded_module(digits_cnn, 2)
+    arrays = to_arrays(source)
+    frozen = [a.copy() for a in arrays]
+    for a in frozen:
+        a.setflags(write=False)  # as Flower hands them (np.frombuffer)
+    from_arrays(target, frozen)
+    assert all(np.array_equal(a, b) for a, b in zip(to_arrays(target), arrays, strict=True))
+    with pytest.raises(ValueError, match="layers"):
+        from_arrays(target, arrays[:-1])
+
+
+def test_training_reduces_the_loss_and_is_reproducible(task: DigitsTask) -> None:
+    data = task.client_dataset(0, USERS)
+    params = task.initial_hypotheses(1, np.random.default_rng(0))[0]
+    before = task.user_metrics(params, data)
+    assert set(before) == {"loss", "accuracy"}
+    kwargs = {"epochs": 8, "learning_rate": 0.1, "batch_size": 10, "device": "cpu"}
+    trained = task.train(params, data, rng=np.random.default_rng(1), **kwargs)  # type: ignore[arg-type]
+    again = task.train(params, data, rng=np.random.default_rng(1), **kwargs)  # type: ignore[arg-type]
+    assert all(np.array_equal(a, b) for a, b in zip(trained, again, strict=True))
+    assert [a.shape for a in trained] == task.parameter_shapes
+    assert all(a.dtype == np.float32 for a in trained)
+    after = task.user_metrics(trained, data)
+    assert after["loss"] < 0.8 * before["loss"]
+    # evaluate: the trained hypothesis wins on this user whatever its position
+    result = task.evaluate([params, trained], [data])
+    assert result["loss"] == pytest.approx(after["loss"], rel=1e-5)
+    assert result["accuracy"] == pytest.approx(after["accuracy"])
+
+
+def test_rmse_loss_has_zero_gradient_at_zero_error() -> None:
+    prediction = torch.tensor([1.0, 2.0], requires_grad=True)
+    loss = rmse_loss(prediction, torch.tensor([1.0, 2.0]))
+    loss.backward()
+    assert float(loss.detach()) == pytest.approx(0.0, abs=1e-18)
+    assert prediction.grad is not None and torch.all(prediction.grad == 0)
+
+
+def test_resolve_device() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    with pytest.raises(TaskSettingsError, match="device='tpu'"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(TaskSettingsError, match=r"device='cuda'.*not available"):
+            resolve_device("cuda")
+
+
+def test_configure_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    previous = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("GPFL_TORCH_THREADS", "2")
+        assert configure_torch_threads() == 2 and torch.get_num_threads() == 2
+        monkeypatch.setenv("GPFL_TORCH_THREADS", "zero")
+        with pytest.raises(TaskSettingsError, match="GPFL_TORCH_THREADS"):
+            configure_torch_threads()
+    finally:
+        torch.set_num_threads(previous)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_training_on_cuda_matches_the_contract(task: DigitsTask) -> None:
+    data = task.client_dataset(1, USERS)
+    params = task.initial_hypotheses(1, np.random.default_rng(0))[0]
+    out = task.train(
+        params,
+        data,
+        epochs=2,
+        learning_rate=0.1,
+        batch_size=10,
+        rng=np.random.default_rng(0),
+        device="cuda",
+    )
+    assert all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in out)
+    assert task.loss(out, data) < task.loss(params, data)

@@ -1,0 +1,144 @@
+"""TLS and SuperNode authentication with real Flower processes.
+
+A SuperLink and three SuperNodes on this machine run Flower's own FedAvg app
+(``experiments/fedavg_baseline``, Flower + NumPy only) for two rounds:
+
+* every connection encrypted: the run finishes;
+* one SuperNode trusts the wrong CA: its TLS handshake fails, it is never part
+  of the federation, and the run finishes with the other two;
+* authentication on, one SuperNode's key unregistered: it is refused when it
+  activates, and the run finishes with the two registered ones.
+
+Each test ends with no process of its own left running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from server.certs import make_local_tls, make_supernode_keys
+from server.launcher import Federation, stream_lines
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+APP = Path(__file__).resolve().parent.parent / "experiments" / "fedavg_baseline"
+ROUNDS = 2
+
+
+def _descendants() -> set[int]:
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.add(p.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+@pytest.fixture
+def federation(tmp_path: Path) -> Iterator[Federation]:
+    """A Federation that must leave no descendant process behind after ``close()``."""
+    before = _descendants()
+    tls = make_local_tls(tmp_path / "certs")
+    fed = Federation(workdir=tmp_path, tls=tls)
+    try:
+        yield fed
+    finally:
+        started = list(fed.procs.procs.values())
+        left_by_close = fed.close()
+        for proc in started:
+            # close() reaped them through psutil; let each Popen see it, and
+            # close the pipe of `flwr run` (else ResourceWarnings, errors here).
+            proc.poll()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        left = _descendants() - before
+        detail = []
+        for pid in left:
+            try:
+                detail.append(f"{pid} {' '.join(psutil.Process(pid).cmdline())[:100]}")
+            except psutil.NoSuchProcess:
+                continue
+        assert not left_by_close, f"close() could not stop {left_by_close}"
+        assert not detail, f"processes left running: {detail}"
+
+
+def run_to_end(fed: Federation, clients: int) -> list[str]:
+    """Submit the FedAvg app for ``ROUNDS`` rounds over ``clients`` clients; return its log."""
+    proc = fed.submit(APP, {"num-rounds": ROUNDS, "clients-per-round": clients})
+    lines = list(stream_lines(proc, fed.logs / "flwr-run.log", timeout=100))
+    text = "\n".join(lines)
+    assert proc.returncode == 0, text[-3000:]
+    assert f"Run finished {ROUNDS} round(s)" in text, text[-3000:]
+    assert f"received {clients} results and 0 failures" in text, text[-3000:]
+    return lines
+
+
+def wait_for_log(fed: Federation, name: str, needles: tuple[str, ...],
+                 timeout: float = 20) -> str:
+    """The log of process ``name`` once it contains every needle (or fail)."""
+    path = fed.logs / f"{name}.log"
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if all(n in text for n in needles):
+            return text
+        time.sleep(0.3)
+    raise AssertionError(f"{path} lacks {needles}:\n{text[-3000:]}")
+
+
+def served(fed: Federation, index: int) -> bool:
+    """Whether SuperNode ``index`` took part in the run (it sent a reply)."""
+    path = fed.logs / f"supernode-{index}.log"
+    return path.exists() and "Sent successfully" in path.read_text(errors="replace")
+
+
+def test_tls_federation_finishes(federation: Federation) -> None:
+    fed = federation
+    fed.start_superlink()
+    for i in range(3):
+        fed.start_supernode(i, {"partition-id": i, "num-partitions": 3})
+    run_to_end(fed, clients=3)
+    assert all(served(fed, i) for i in range(3))
+    superlink_argv = list(fed.procs.procs["superlink"].args)  # type: ignore[arg-type]
+    assert "--insecure" not in superlink_argv and "--ssl-certfile" in superlink_argv
+    assert "root-certificates" in (fed.flwr_home / "config.toml").read_text()
+
+
+def test_wrong_ca_is_refused_and_run_goes_on(federation: Federation, tmp_path: Path) -> None:
+    fed = federation
+    wrong = make_local_tls(tmp_path / "wrong-ca")  # another CA: same names, other key
+    fed.start_superlink()
+    for i in range(2):
+        fed.start_supernode(i, {"partition-id": i, "num-partitions": 3})
+    fed.start_supernode(2, {"partition-id": 2, "num-partitions": 3},
+                        root_certificates=wrong.ca_cert)
+    log = wait_for_log(fed, "supernode-2", ("CERTIFICATE_VERIFY_FAILED",))
+    assert "SuperNode ID" not in log
+    run_to_end(fed, clients=2)
+    assert served(fed, 0) and served(fed, 1)
+    assert not served(fed, 2)
+
+
+def test_unregistered_key_is_refused_and_run_goes_on(federation: Federation,
+                                                     tmp_path: Path) -> None:
+    fed = federation
+    keys = make_supernode_keys(tmp_path / "keys", 3)
+    fed.start_superlink(extra_args=["--enable-supernode-auth"])
+    for key in keys[:2]:  # the third key is never registered
+        assert "registered successfully" in fed.register_supernode(key.public_key)
+    for i, key in enumerate(keys):
+        fed.start_supernode(i, {"partition-id": i, "num-partitions": 3},
+                            extra_args=["--auth-supernode-private-key", str(key.private_key)])
+    log = wait_for_log(fed, "supernode-2", ("Failed to activate SuperNode",))
+    assert "SuperNode ID" not in log
+    run_to_end(fed, clients=2)
+    assert served(fed, 0) and served(fed, 1)
+    assert not served(fed, 2)
