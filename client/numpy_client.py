@@ -59,7 +59,7 @@ def build_mechanism(privacy: PrivacySettings) -> Mechanism:
 
 
 def derive_rng(seed: int | None, *keys: int) -> np.random.Generator:
-    """A generator for one purpose of one client in one round.
+    """Return a generator for one purpose of one client in one round.
 
     ``seed=None`` gives OS entropy (the default: noise must not be predictable);
     a fixed seed is for experiments and makes every stream reproducible.
@@ -70,7 +70,7 @@ def derive_rng(seed: int | None, *keys: int) -> np.random.Generator:
 
 
 def spend_metrics(spend: Spend) -> dict[str, float | int]:
-    """The public spend report of a client (see docs/ARCHITECTURE.md)."""
+    """Return the public spend report of a client (see docs/ARCHITECTURE.md)."""
     return {
         "spend-d": float(spend.d_privacy),
         "spend-epsilon": float(spend.epsilon),

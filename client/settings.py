@@ -146,9 +146,14 @@ class ClientSettings:
             Naming the first invalid setting and its value.
         """
         merged = dict(run_config)
+        partition_id = as_int(node_config, "partition-id", minimum=0, default=0)
+        per_client = str(run_config.get("client-epsilons", "")).strip()
+        if per_client:
+            # Personalized budgets where node configs cannot be given (the
+            # Simulation Engine): partition p takes the (p mod len)-th value.
+            merged["epsilon"] = _pick(per_client, partition_id, "client-epsilons")
         merged.update({k: v for k, v in node_config.items() if k in NODE_OVERRIDES})
         privacy = privacy_settings(merged)
-        partition_id = as_int(node_config, "partition-id", minimum=0, default=0)
         num_partitions = as_int(node_config, "num-partitions", minimum=1, default=1)
         if partition_id >= num_partitions:
             raise ConfigError(
@@ -174,6 +179,17 @@ class ClientSettings:
             num_partitions=num_partitions,
             name=name,
         )
+
+
+def _pick(text: str, index: int, key: str) -> float:
+    """Return the ``index mod len``-th value of a comma-separated list of positive numbers."""
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"{key} must be comma-separated numbers, got {key}={text!r}") from None
+    if not values or any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ConfigError(f"{key} must hold positive finite numbers, got {key}={text!r}")
+    return values[index % len(values)]
 
 
 def privacy_settings(config: Mapping[str, Any]) -> PrivacySettings:

@@ -109,7 +109,7 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``gpfl``."""
+    """Build the argument parser of ``gpfl``."""
     parser = argparse.ArgumentParser(prog="gpfl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 

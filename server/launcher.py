@@ -39,7 +39,7 @@ class LaunchError(RuntimeError):
 
 
 def project_root() -> Path:
-    """The folder holding gpfl's ``pyproject.toml`` (the Flower app)."""
+    """Return the folder holding gpfl's ``pyproject.toml`` (the Flower app)."""
     root = Path(__file__).resolve().parent.parent
     if not (root / "pyproject.toml").is_file():
         raise LaunchError(
@@ -50,7 +50,7 @@ def project_root() -> Path:
 
 
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
+    """Return a TCP port that is free on 127.0.0.1 right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -74,7 +74,7 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
 
 
 def toml_value(value: Any) -> str:
-    """A run-config value in TOML syntax, as ``flwr run --run-config`` wants it."""
+    """Format a run-config value in TOML syntax, as ``flwr run --run-config`` wants it."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -83,7 +83,7 @@ def toml_value(value: Any) -> str:
 
 
 def node_config_arg(config: Mapping[str, Any]) -> str:
-    """A SuperNode's ``--node-config`` argument."""
+    """Format a SuperNode's ``--node-config`` argument."""
     return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
 
 
@@ -105,6 +105,7 @@ class Federation:
     fleet_port: int = 0
     control_port: int = 0
     supernode_ports: dict[int, int] = field(default_factory=dict)
+    node_configs: dict[int, dict[str, Any]] = field(default_factory=dict)
     flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
 
     def __enter__(self) -> Federation:
@@ -171,6 +172,7 @@ class Federation:
         """Start SuperNode ``index`` with its node config."""
         port = self.supernode_ports.get(index) or free_port()
         self.supernode_ports[index] = port
+        self.node_configs[index] = dict(node_config)
         if self.tls is None and root_certificates is None:
             security = ["--insecure"]
         else:
@@ -205,6 +207,11 @@ class Federation:
         """Stop SuperNode ``index`` and everything it started (a crash, seen from outside)."""
         self.procs.stop(f"supernode-{index}")
 
+    def restart_supernode(self, index: int) -> None:
+        """Stop SuperNode ``index`` and start it again with the same node config."""
+        self.stop_supernode(index)
+        self.start_supernode(index, self.node_configs[index])
+
     def submit(self, app_dir: Path, run_config: Mapping[str, Any]) -> subprocess.Popen[str]:
         """``flwr run <app> <connection> --stream``; returns the streaming process."""
         argv = [str(bin_dir() / "flwr"), "run", str(app_dir), CONNECTION, "--stream"]
@@ -217,7 +224,7 @@ class Federation:
             env=child_env({**self._env(), "NO_COLOR": "1", "COLUMNS": "200"}),
             text=True, bufsize=1, start_new_session=True,
         )
-        self.procs.procs["flwr-run"] = proc  # type: ignore[assignment]
+        self.procs.procs["flwr-run"] = proc
         return proc
 
     def close(self) -> list[int]:
@@ -345,7 +352,8 @@ def launch(
     fed = Federation(workdir=out, tls=tls_files)
     try:
         if simulation:
-            echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, logs in {fed.logs}")
+            echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
+                 f"logs in {fed.logs}")
             fed.start_superlink(simulation_supernodes=supernodes)
         else:
             echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")
@@ -392,7 +400,7 @@ def launch(
 
 
 def describe(result: LaunchResult) -> str:
-    """The closing lines printed after a launch."""
+    """Return the closing lines printed after a launch."""
     s = result.summary
     priv = s.get("privacy", {})
     lines = [

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import psutil
 
@@ -41,7 +41,7 @@ def become_subreaper() -> bool:
 
 
 def bin_dir() -> Path:
-    """The folder of this interpreter's console scripts (Flower's commands)."""
+    """Return the folder of this interpreter's console scripts (Flower's commands)."""
     return Path(sys.executable).parent
 
 
@@ -61,18 +61,20 @@ class ProcessSet:
     """The processes one launch started; :meth:`stop_all` ends them and theirs."""
 
     def __init__(self) -> None:
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self._logs: list[IO[bytes]] = []
+        self.procs: dict[str, subprocess.Popen[Any]] = {}
+        self._logs: dict[str, IO[bytes]] = {}
         self.subreaper = become_subreaper()
         # Children this process already had are not ours to stop.
         self._preexisting = {c.pid for c in psutil.Process().children()}
 
-    def start(self, name: str, argv: Sequence[str], log_path: Path,
-              env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, argv: Sequence[str], log_path: Path,
+        env: dict[str, str] | None = None, cwd: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
         """Start ``argv`` in its own session, output to ``log_path``."""
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(log_path, "ab")  # noqa: SIM115 - closed in stop_all
-        self._logs.append(log)
+        log = open(log_path, "ab")  # closed in stop / stop_all
+        self._logs[name] = log
         proc = subprocess.Popen(
             list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env or child_env(), cwd=cwd, start_new_session=True,
@@ -86,21 +88,38 @@ class ProcessSet:
         proc = self.procs.pop(name, None)
         if proc is not None:
             terminate_tree([proc.pid], timeout)
+            _reap(proc)
+        log = self._logs.pop(name, None)
+        if log is not None:
+            log.close()
 
     def stop_all(self, timeout: float = 5.0) -> list[int]:
         """Stop everything started here (and anything it started); return leftover PIDs."""
-        pids = [p.pid for p in self.procs.values()]
+        started = list(self.procs.values())
         self.procs.clear()
-        terminate_tree(pids, timeout)
+        terminate_tree([p.pid for p in started], timeout)
+        for proc in started:
+            _reap(proc)
         # Orphans re-parented to us while the tree was going down.
         orphans = [
             c.pid for c in psutil.Process().children() if c.pid not in self._preexisting
         ] if self.subreaper else []
         leftovers = terminate_tree(orphans, timeout)
-        for log in self._logs:
+        for log in self._logs.values():
             log.close()
         self._logs.clear()
         return leftovers
+
+
+def _reap(proc: subprocess.Popen[Any]) -> None:
+    """Collect the exit status of a process that was signalled, and close its pipes."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL was already sent
+        logger.error("pid %d did not exit", proc.pid)
+    for stream in (proc.stdout, proc.stderr, proc.stdin):
+        if stream is not None:
+            stream.close()
 
 
 def _tree(pids: Sequence[int]) -> list[psutil.Process]:

@@ -25,7 +25,7 @@ ROUND_TAG = "[gpfl]"
 
 
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
-    """A client's total spend in its mechanism's own terms.
+    """Return a client's total spend in its mechanism's own terms.
 
     ε·r (d-privacy) for Laplace, the RDP-composed ε for Gaussian and sign,
     ``None`` (unbounded) without a mechanism.
@@ -38,13 +38,15 @@ def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
 
 
 def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``privacy`` section: per-client spend, median and maximum (001's Table 1)."""
+    """Build the ``privacy`` section: per-client spend, median and maximum (001's Table 1)."""
     per_client: dict[str, Any] = {}
+    # A client restarted under a new node id reports under the same name: its
+    # records are merged, its spend is the one its ledger reported last.
     for cid, record in clients.items():
         metrics = dict(record.metrics)
         name = str(metrics.get("client-name", cid))
-        per_client[name] = {
-            "node_id": cid,
+        entry = {
+            "node_ids": [cid],
             "participations": record.participations,
             "declines": record.declines,
             "dropped": record.dropped,
@@ -57,6 +59,14 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             "budget_delta": float(metrics.get("budget-delta", 0.0)),
             "sigma": float(metrics.get("sigma", 0.0)),
         }
+        if name in per_client:
+            old = per_client[name]
+            merged = dict(entry if entry["releases"] >= old["releases"] else old)
+            for key in ("participations", "declines", "dropped"):
+                merged[key] = old[key] + entry[key]
+            merged["node_ids"] = [*old["node_ids"], cid]
+            entry = merged
+        per_client[name] = entry
     spends = [c["spend"] for c in per_client.values() if c["spend"] is not None]
     unit = {
         "laplace": "epsilon*r (d-privacy, Theorem 3.1 composition)",
@@ -142,7 +152,7 @@ def flat_hypotheses(hypotheses: list[list[np.ndarray]]) -> list[list[float]]:
 
 
 def parse_optima(text: str) -> list[list[float]]:
-    """The synthetic task's ``optima`` setting as a list of vectors."""
+    """Parse the synthetic task's ``optima`` setting as a list of vectors."""
     return [[float(v) for v in part.split(",")] for part in text.split(";") if part.strip()]
 
 
@@ -228,14 +238,16 @@ class RunRecorder:
         self.mechanism = mechanism
         self.task_info = dict(task_info or {})
         self.strategy: Any = None
+        self.initial_hypotheses: list[list[float]] = []
         self.history: list[dict[str, Any]] = []
 
     def attach(self, strategy: Any) -> None:
         """Give the recorder the strategy whose state it reports."""
         self.strategy = strategy
+        self.initial_hypotheses = flat_hypotheses(strategy.hypotheses)
 
     def summary(self) -> dict[str, Any]:
-        """The current ``summary.json`` content."""
+        """Return the current ``summary.json`` content."""
         s = self.strategy
         return {
             "config": self.config,
@@ -243,7 +255,14 @@ class RunRecorder:
             "rounds_completed": s.rounds_completed,
             "stopped_early": s.stopped_early,
             "best_val_loss": s.best_loss,
-            "hypotheses": flat_hypotheses(s.hypotheses),
+            "best_round": s.best_round,
+            # What the run delivers: the hypotheses of the best validation round
+            # (early stopping keeps the best model), and the last ones for reference.
+            "hypotheses": flat_hypotheses(
+                s.best_hypotheses if s.best_hypotheses is not None else s.hypotheses
+            ),
+            "last_hypotheses": flat_hypotheses(s.hypotheses),
+            "initial_hypotheses": self.initial_hypotheses,
             "history": self.history,
             "privacy": privacy_report(self.mechanism, s.clients),
         }

@@ -225,6 +225,22 @@ def test_empty_cluster_keeps_its_hypothesis() -> None:
     assert [metrics[f"cluster-size-{j}"] for j in range(3)] == [2, 0, 0]
 
 
+def test_hypothesis_far_from_every_reply_keeps_its_value_with_enough_replies() -> None:
+    # Prepare: m = 5 ≥ k = 2 replies, all near hypothesis 0; hypothesis 1 at (40, 40) is
+    # nearest to none. scikit-learn's KMeans would relocate that empty centroid onto the
+    # farthest reply (15, 0); the design says an empty cluster keeps its hypothesis, so
+    # hypothesis 0 becomes the mean of all five, (4, 0), and hypothesis 1 stays (40, 40).
+    strategy = make(hyp([0, 0], [40, 40]))
+    replies = [reply([x, 0.0]) for x in (0.0, 1.0, 2.0, 2.0, 15.0)]
+
+    # Execute
+    _, metrics = strategy.aggregate_fit(1, results_of(replies), [])
+
+    # Assert
+    np.testing.assert_allclose(one_layer(strategy), [[4, 0], [40, 40]])
+    assert [metrics[f"cluster-size-{j}"] for j in range(2)] == [5, 0]
+
+
 def test_identical_replies_do_not_raise_the_kmeans_convergence_warning() -> None:
     # Prepare: 3 identical replies, k = 2: sklearn warns "Number of distinct clusters (1) found
     # smaller than n_clusters (2)"; with filterwarnings=error that would fail this test.

@@ -22,7 +22,7 @@ class LinearClient(NumPyClient):
         self.x = rng.standard_normal((10, 2))
         self.y = self.x @ np.array([5.0, 6.0]) + rng.uniform(size=10)
 
-    def fit(self, parameters, config):  # type: ignore[no-untyped-def]
+    def fit(self, parameters, config):
         """Take one gradient step."""
         theta = parameters[0].astype(np.float64)
         grad = 2 * self.x.T @ (self.x @ theta - self.y) / len(self.y)

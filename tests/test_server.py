@@ -1,0 +1,115 @@
+"""Server side without processes: run-config validation, the results, the CLI parsing."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from server.app import build_components
+from server.cli import parse_node_configs, parse_pairs
+from server.results import plot_summary, privacy_report
+from server.settings import ConfigError, RunSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULTS: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"][
+    "app"
+]["config"]
+
+
+def test_the_shipped_defaults_are_valid() -> None:
+    settings = RunSettings.from_run_config(DEFAULTS)
+    assert (settings.task, settings.num_hypotheses, settings.mechanism) == ("synthetic", 2,
+                                                                          "laplace")
+    assert settings.client.privacy.noise_multiplier == 5.0
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ({"num-hypotheses": 0}, "num-hypotheses"),
+        ({"mechanism": "sign", "num-hypotheses": 2}, "num-hypotheses"),
+        ({"aggregation": "median"}, "aggregation"),
+        ({"aggregation": "weighted"}, "aggregation"),  # laplace/neighbourhood declares no σ
+        ({"clients-per-round": 0}, "clients-per-round"),
+        ({"num-rounds": 1.5}, "num-rounds"),
+        ({"eval-every": 0}, "eval-every"),
+    ],
+)
+def test_invalid_run_config_names_the_setting(override: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        RunSettings.from_run_config({**DEFAULTS, **override})
+
+
+def test_weighted_aggregation_is_accepted_for_gaussian() -> None:
+    settings = RunSettings.from_run_config(
+        {**DEFAULTS, "mechanism": "gaussian", "aggregation": "weighted", "num-hypotheses": 1}
+    )
+    assert settings.aggregation == "weighted"
+
+
+def test_bad_task_setting_fails_at_the_server_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="optima"):
+        build_components({**DEFAULTS, "optima": "5,6;4", "out-dir": str(tmp_path)})
+
+
+class Record:
+    def __init__(self, participations: int, metrics: dict[str, Any]) -> None:
+        self.participations = participations
+        self.declines = int(metrics.get("declines", 0))
+        self.dropped = 0
+        self.metrics = metrics
+
+
+def test_privacy_report_median_and_max_in_the_mechanisms_terms() -> None:
+    clients = {
+        "11": Record(1, {"client-name": "client-0", "spend-d": 0.4, "releases": 1}),
+        "12": Record(3, {"client-name": "client-1", "spend-d": 1.2, "releases": 3}),
+        "13": Record(2, {"client-name": "client-2", "spend-d": 0.8, "releases": 2}),
+    }
+    report = privacy_report("laplace", clients)
+    assert report["median"] == pytest.approx(0.8) and report["max"] == pytest.approx(1.2)
+    assert report["per_client"]["client-1"]["participations"] == 3
+
+    gauss = privacy_report("gaussian", {"1": Record(1, {"spend-epsilon": 2.5, "spend-d": 9})})
+    assert gauss["max"] == pytest.approx(2.5)
+    assert privacy_report("none", clients)["max"] is None
+
+
+def test_plot_of_a_two_parameter_run(tmp_path: Path) -> None:
+    summary = {
+        "hypotheses": [[5.0, 6.0], [4.0, -4.5]],
+        "task_info": {"optima": [[5, 6], [4, -4.5]]},
+        "history": [{"round": 1, "val_loss": 2.0, "released": [[1.0, 2.0], [3.0, -1.0]]},
+                    {"round": 2, "val_loss": 1.0, "released": [[4.0, 5.0]]}],
+    }
+    path = plot_summary(summary, tmp_path / "figure.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_build_components_gives_k_hypotheses_and_the_round_budget(tmp_path: Path) -> None:
+    components, _ = build_components({**DEFAULTS, "out-dir": str(tmp_path), "seed": 1})
+    strategy = components.strategy
+    assert components.config.num_rounds == DEFAULTS["num-rounds"]
+    assert len(strategy.hypotheses) == 2  # type: ignore[attr-defined]
+    # Round 0 is evaluated and written at once.
+    strategy.evaluate(0, strategy.initialize_parameters(None))  # type: ignore[arg-type]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["history"][0]["round"] == 0
+    assert np.asarray(summary["hypotheses"]).shape == (2, 2)
+    assert summary["task_info"]["optima"] == [[5.0, 6.0], [4.0, -4.5]]
+
+
+def test_cli_pairs_take_toml_values() -> None:
+    assert parse_pairs('num-rounds=3 noise-multiplier=2.5 task="digits" per-layer=true x=abc',
+                       "--run-config") == {
+        "num-rounds": 3, "noise-multiplier": 2.5, "task": "digits", "per-layer": True,
+        "x": "abc"}
+    assert parse_node_configs(["2:privacy-budget=0.8", "2:epsilon=1"]) == {
+        2: {"privacy-budget": 0.8, "epsilon": 1}}
+    with pytest.raises(SystemExit):
+        parse_node_configs(["privacy-budget=0.8"])
