@@ -128,13 +128,14 @@ build_base_podman() {
         as_root rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/usr/share/doc/* \
             "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/* "$rootfs"/var/cache/apt/*.bin
         as_root tar -C "$rootfs" -c . | podman import --change 'CMD ["/bin/bash"]' - \
-            localhost/debian:bookworm >/dev/null
+            localhost/debian:bookworm >/dev/null 2>>"$WORK/debootstrap.log"
         podman tag localhost/debian:bookworm docker.io/library/debian:bookworm
         as_root rm -rf "$rootfs"
     fi
     log "building $BASE_IMAGE (Debian's Python 3.11 in a venv)"
-    podman build --pull=never --network host -q -t "$BASE_IMAGE" \
-        -f "$HERE/base/python.Containerfile" "$HERE/base" </dev/null >/dev/null
+    podman build --pull=never --network host -t "$BASE_IMAGE" \
+        -f "$HERE/base/python.Containerfile" "$HERE/base" </dev/null >"$WORK/base.log" 2>&1 \
+        || { tail -30 "$WORK/base.log" >&2; die "base image build failed"; }
 }
 
 pip_find_links() {
@@ -147,7 +148,8 @@ pip_find_links() {
 
 build_image() {
     log "building $IMAGE ($ENGINE)"
-    local t0=$SECONDS
+    local t0=$SECONDS previous
+    previous=$($ENGINE image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
     if [[ $ENGINE == podman ]]; then
         build_base_podman
         local args=(--pull=never --network host -t "$IMAGE" -f "$HERE/Dockerfile")
@@ -171,6 +173,12 @@ build_image() {
     else
         docker build -t "$IMAGE" -f "$HERE/Dockerfile" "$ROOT" </dev/null >"$WORK/build.log" 2>&1 \
             || { tail -40 "$WORK/build.log" >&2; die "image build failed"; }
+    fi
+    # The image this build replaced (now untagged): removed unless something uses it.
+    local now
+    now=$($ENGINE image inspect -f '{{.Id}}' "$IMAGE")
+    if [[ -n "$previous" && "$previous" != "$now" ]]; then
+        $ENGINE rmi "$previous" >/dev/null 2>&1 || true
     fi
     log "image ready in $(( SECONDS - t0 )) s"
 }

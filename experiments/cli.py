@@ -1,0 +1,123 @@
+"""``python -m experiments NAME`` (or ``gpfl-experiment NAME``): the papers' experiments.
+
+Each experiment runs its federations one at a time on Flower's Simulation Engine and writes
+``results.csv`` (a header row, one row per configuration and seed), PNG figures under
+``figures/`` and ``meta.json`` into ``--out`` (default ``runs/experiments/<name>``), printing a
+progress line per finished configuration. ``--quick`` uses settings that finish in minutes on 2
+cores; without it the settings follow the papers (hours). ``report`` regenerates
+``docs/RESULTS.md`` from those folders. From a clean clone::
+
+    python -m experiments all --quick && python -m experiments report
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from experiments.common import DEFAULT_CACHE, DEFAULT_ROOT, PROFILES, Context
+
+#: Experiment name -> module (each has ``NAME`` and ``run(ctx)``), in the order ``all`` runs them.
+EXPERIMENTS: dict[str, str] = {
+    "synthetic-ablation": "experiments.synthetic_ablation",
+    "accuracy-vs-nu": "experiments.accuracy_vs_nu",
+    "leakage": "experiments.leakage",
+    "fairness": "experiments.fairness",
+    "personalized-budgets": "experiments.personalized_budgets",
+    "dlg": "experiments.dlg_audit",
+    "scale": "experiments.scale",
+}
+COMMANDS = (*EXPERIMENTS, "all", "report")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m experiments",
+        description="Reproduce the papers' experiments on Flower's Simulation Engine.",
+        epilog="From a clean clone: python -m experiments all --quick && "
+               "python -m experiments report",
+    )
+    parser.add_argument("name", choices=COMMANDS, help="the experiment, 'all', or 'report'")
+    parser.add_argument("--quick", action="store_true",
+                        help="reduced settings that finish in minutes on 2 cores")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default runs/experiments/<name>; for 'all' and "
+                             "'report': the folder holding one folder per experiment, default "
+                             "runs/experiments)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="seeds (default: the profile's)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="where finished federations are kept and reused (default "
+                             f"{DEFAULT_CACHE}, or <out>/_runs for 'all' with --out)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="run every federation again even if the cache has it")
+    parser.add_argument("--data-path", default="",
+                        help="leakage: the CMS inpatient charges CSV (adds the hospital table)")
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds one federation may run (default 3600)")
+    parser.add_argument("--doc", type=Path, default=Path("docs") / "RESULTS.md",
+                        help="report: the Markdown file to write (default docs/RESULTS.md)")
+    # The tests' own settings, smaller than --quick; not part of the documented interface.
+    parser.add_argument("--profile", choices=PROFILES, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
+                   seeds: list[int] | None = None, fresh: bool = False, data_path: str = "",
+                   timeout: float = 3600.0, stream: Any = None) -> list[dict[str, Any]]:
+    """Run one experiment and write its outputs; return its rows."""
+    module = importlib.import_module(EXPERIMENTS[name])
+    ctx = Context(name=name, out=out, cache=cache, profile=profile, seeds=seeds, fresh=fresh,
+                  data_path=data_path, timeout=timeout, stream=stream)
+    started = time.monotonic()
+    run: Callable[[Context], list[dict[str, Any]]] = module.run
+    rows = run(ctx)
+    ctx.write_meta(started, {"rows": len(rows)})
+    print(f"{name}: {len(rows)} rows in {out / 'results.csv'}, figures in {out / 'figures'} "
+          f"({time.monotonic() - started:.0f} s; {ctx.launched} federations run, "
+          f"{ctx.reused} reused)", file=stream or sys.stdout, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m experiments`` and ``gpfl-experiment``."""
+    args = build_parser().parse_args(argv)
+    profile = args.profile or ("quick" if args.quick else "full")
+    if args.name == "report":
+        from experiments.report import write_report
+
+        root = args.out or DEFAULT_ROOT
+        path = write_report(root, args.doc)
+        print(f"report: wrote {path} from {root}")
+        return 0
+    names = list(EXPERIMENTS) if args.name == "all" else [args.name]
+    if args.name == "all":
+        root = args.out or DEFAULT_ROOT
+        cache = args.cache or (root / "_runs" if args.out else DEFAULT_CACHE)
+    else:
+        root = None
+        cache = args.cache or DEFAULT_CACHE
+    failed = []
+    for name in names:
+        out = (root / name) if root is not None else (args.out or DEFAULT_ROOT / name)
+        try:
+            run_experiment(name, out=out, cache=cache, profile=profile, seeds=args.seeds,
+                           fresh=args.fresh, data_path=args.data_path, timeout=args.timeout)
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted; finished federations stay in {cache}", file=sys.stderr)
+            return 130
+        except Exception as err:  # report and go on with the next experiment under 'all'
+            print(f"{name}: FAILED: {type(err).__name__}: {err}", file=sys.stderr)
+            failed.append(name)
+            if args.name != "all":
+                return 1
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0

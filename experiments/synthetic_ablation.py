@@ -1,0 +1,269 @@
+"""Synthetic ablation: FedAvg, IFCA without noise and ours (seeds/001, section 4.1, Figures 1 and 2).
+
+The paper's setting: 100 users with 10 samples each from y = xᵀθ*_g + u, θ*_1 = (5, 6),
+θ*_2 = (4, −4.5); U = 7 users per round, E = 1, s = 0.1, B = 10; hypotheses drawn from N(0, I).
+
+* ``fedavg``: one hypothesis, no noise (Figure 1 a-c);
+* ``ifca``: two hypotheses, no noise (Figure 1 d-f);
+* ``ours``: two hypotheses, Euclidean Laplace with ν = 5 (Figure 1 g-i, Figure 2).
+
+Rounds: the paper stops after 6 rounds without a better validation loss. Under ν = 5 noise with
+7 users per round (≈ 3.5 per cluster) the validation loss is noisy and that rule stops long
+before the hypotheses reach the optima (the loss is still falling on average at round 100), so
+here the patience is 40 validations in the full profile (300 rounds at most) and the quick
+profile runs 150 rounds without early stop. The delivered hypotheses are those of the best
+validation round (``summary.json``'s ``hypotheses``).
+
+Figure 2 is "the max privacy leakage over clients of the same cluster" per round. The server does
+not know which cluster a client is in (no cluster id is sent), so the clusters here are the
+users' true groups (user u is in group u mod 2), which k-means recovers once it has converged;
+each client's spend per round comes from its own privacy ledger (n/ν = 0.4 per release).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from experiments.common import (
+    Context,
+    FederationSpec,
+    Progress,
+    best_entry,
+    fmt,
+    mean_std,
+    plt_module,
+    spends_of,
+    write_csv,
+)
+
+NAME = "synthetic-ablation"
+OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {"num-hypotheses": 1, "mechanism": "none"},
+    "ifca": {"num-hypotheses": 2, "mechanism": "none"},
+    "ours": {"num-hypotheses": 2, "mechanism": "laplace", "noise-multiplier": 5.0},
+}
+TITLES = {
+    "fedavg": "FedAvg (k = 1, no noise)",
+    "ifca": "IFCA (k = 2, no noise)",
+    "ours": "ours (k = 2, Laplace ν = 5)",
+}
+COLUMNS = (
+    "method", "k", "mechanism", "nu", "seed", "rounds", "stopped_early", "best_round",
+    "best_val_loss", "dist_opt1", "dist_opt2", "max_dist", "last_max_dist", "median_spend",
+    "max_spend",
+)
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {"num-rounds": 300, "patience": 40, "seeds": [0, 1, 2]},
+    "quick": {"num-rounds": 150, "patience": 0, "seeds": [0]},
+    "smoke": {"num-rounds": 130, "patience": 0, "seeds": [0]},
+}
+USERS = 100
+
+
+def specs(profile: str, seeds: list[int]) -> list[tuple[str, int, FederationSpec]]:
+    """(method, seed, federation) for every configuration of the profile."""
+    p = PROFILES[profile]
+    out = []
+    for seed in seeds:
+        for method, overrides in METHODS.items():
+            config = {
+                "task": "synthetic",
+                "optima": "5,6;4,-4.5",
+                "samples-per-user": 10,
+                "validation-users": 100,
+                "clients-per-round": 7,
+                "local-epochs": 1,
+                "learning-rate": 0.1,
+                "batch-size": 10,
+                "num-rounds": p["num-rounds"],
+                "patience": p["patience"],
+                "eval-every": 1,
+                "seed": seed,
+                "data-seed": 0,
+                **overrides,
+            }
+            out.append((method, seed, FederationSpec(f"{method} seed={seed}", config, USERS)))
+    return out
+
+
+def distances(hypotheses: list[list[float]]) -> list[float]:
+    """For each optimum, the distance to the nearest hypothesis."""
+    h = np.asarray(hypotheses, dtype=float)
+    return [float(np.min(np.linalg.norm(h - opt, axis=1))) for opt in OPTIMA]
+
+
+def run(ctx: Context) -> list[dict[str, Any]]:
+    """Run the three methods for every seed; write results.csv and the figures."""
+    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
+    todo = specs(ctx.profile, seeds)
+    progress = Progress(NAME, len(todo), ctx.stream)
+    rows: list[dict[str, Any]] = []
+    summaries: dict[tuple[str, int], dict[str, Any]] = {}
+    for method, seed, spec in todo:
+        summary = ctx.run(spec)
+        summaries[method, seed] = summary
+        best = distances(summary["hypotheses"])
+        last = distances(summary["last_hypotheses"])
+        spends = spends_of(summary)
+        row = {
+            "method": method,
+            "k": spec.run_config["num-hypotheses"],
+            "mechanism": spec.run_config["mechanism"],
+            "nu": spec.run_config.get("noise-multiplier", 0.0),
+            "seed": seed,
+            "rounds": summary["rounds_completed"],
+            "stopped_early": int(bool(summary["stopped_early"])),
+            "best_round": summary["best_round"],
+            "best_val_loss": summary["best_val_loss"],
+            "dist_opt1": best[0],
+            "dist_opt2": best[1],
+            "max_dist": max(best),
+            "last_max_dist": max(last),
+            "median_spend": float(np.median(spends)) if spends else None,
+            "max_spend": max(spends) if spends else None,
+        }
+        rows.append(row)
+        progress.step(spec.label, f"distance to the optima {fmt(best[0])} / {fmt(best[1])}, "
+                                  f"best val loss {fmt(summary['best_val_loss'])} "
+                                  f"(round {summary['best_round']})"
+                      + (" [cached]" if summary.get("_cached") else ""))
+    write_csv(ctx.out / "results.csv", rows, COLUMNS)
+    first = seeds[0]
+    plot_figure1({m: summaries[m, first] for m in METHODS}, ctx.figures / "figure1_ablation.png")
+    plot_figure2(summaries["ours", first], ctx.figures / "figure2_max_leakage.png")
+    plot_loss(summaries, seeds, ctx.figures / "validation_loss.png")
+    return rows
+
+
+def plot_figure1(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Figure 1 of 001: released vectors and hypotheses (top), validation loss (bottom)."""
+    plt = plt_module()
+    fig, axes = plt.subplots(2, len(summaries), figsize=(5 * len(summaries), 8.5))
+    for col, (method, summary) in enumerate(summaries.items()):
+        ax = axes[0, col]
+        points, rounds = [], []
+        for entry in summary["history"]:
+            for vec in entry.get("released") or []:
+                points.append(vec)
+                rounds.append(entry["round"])
+        if points:
+            pts = np.asarray(points)
+            sc = ax.scatter(pts[:, 0], pts[:, 1], c=rounds, cmap="viridis", s=6, alpha=0.5)
+            fig.colorbar(sc, ax=ax, label="round")
+        hyp = np.asarray(summary["hypotheses"])
+        ax.scatter(hyp[:, 0], hyp[:, 1], marker="X", s=140, c="red", label="final hypotheses")
+        ax.scatter(OPTIMA[:, 0], OPTIMA[:, 1], marker="*", s=260, facecolors="none",
+                   edgecolors="black", linewidths=1.5, label="θ* (true optima)")
+        ax.set_title(TITLES[method])
+        ax.set_xlabel("θ[0]")
+        ax.set_ylabel("θ[1]")
+        ax.legend(loc="lower left", fontsize=8)
+        lim = 12 if method == "ours" else 9
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax2 = axes[1, col]
+        xs = [e["round"] for e in summary["history"] if e.get("val_loss") is not None]
+        ys = [e["val_loss"] for e in summary["history"] if e.get("val_loss") is not None]
+        ax2.plot(xs, ys, lw=1)
+        ax2.axhline(math.sqrt(1 / 3), color="grey", ls=":", label="RMSE at θ* (noise floor)")
+        ax2.set_yscale("log")
+        ax2.set_xlabel("round")
+        ax2.set_ylabel("validation RMSE (Eq. 15)")
+        ax2.legend(fontsize=8)
+    fig.suptitle("Synthetic data (001 Figure 1): released parameter vectors and validation loss")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def leakage_per_round(summary: dict[str, Any], groups: int = 2) -> tuple[list[int], np.ndarray]:
+    """Max cumulative spend per true group after each round, from the clients' ledgers.
+
+    Returns the rounds and an array of shape (groups, rounds).
+    """
+    from mechanisms import PrivacyLedger
+
+    ledger_dir = Path(summary["_run_dir"]) / "ledgers"
+    rounds = [e["round"] for e in summary["history"] if e["round"] > 0]
+    last = max(rounds) if rounds else 0
+    per_group = np.zeros((groups, last + 1))
+    for path in sorted(ledger_dir.glob("client-*.json")):
+        user = int(path.stem.split("-")[1])
+        ledger = PrivacyLedger(path, delta=float(summary["config"].get("delta", 1e-5)))
+        spent = np.zeros(last + 1)
+        for entry in ledger.entries():
+            cost = getattr(entry.event, "cost", 0.0)
+            if entry.round is not None and 0 < entry.round <= last:
+                spent[entry.round] += float(cost)
+        cumulative = np.cumsum(spent)
+        g = user % groups
+        per_group[g] = np.maximum(per_group[g], cumulative)
+    return list(range(1, last + 1)), per_group[:, 1:]
+
+
+def plot_figure2(summary: dict[str, Any], path: Path) -> Path:
+    """Figure 2 of 001: max privacy leakage among the clients of each cluster, per round."""
+    plt = plt_module()
+    rounds, per_group = leakage_per_round(summary)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for g in range(per_group.shape[0]):
+        ax.step(rounds, per_group[g], where="post", label=f"cluster {g + 1} (θ*_{g + 1})")
+    ax.set_xlabel("round")
+    ax.set_ylabel("max Σ ε·r over the cluster's clients")
+    ax.set_title("Synthetic data (001 Figure 2): max privacy leakage per cluster, ν = 5")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_loss(summaries: dict[tuple[str, int], dict[str, Any]], seeds: list[int],
+              path: Path) -> Path:
+    """Validation loss per round of every method and seed."""
+    plt = plt_module()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    colors = {"fedavg": "tab:blue", "ifca": "tab:orange", "ours": "tab:green"}
+    for (method, seed), summary in summaries.items():
+        xs = [e["round"] for e in summary["history"] if e.get("val_loss") is not None]
+        ys = [e["val_loss"] for e in summary["history"] if e.get("val_loss") is not None]
+        ax.plot(xs, ys, color=colors[method], lw=1, alpha=0.8,
+                label=TITLES[method] if seed == seeds[0] else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("round")
+    ax.set_ylabel("validation RMSE")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table(rows: list[dict[str, str]]) -> list[str]:
+    """Markdown lines: per method, the mean ± std distances and losses over seeds."""
+    lines = [
+        "| method | seeds | distance to θ*₁ | distance to θ*₂ | max distance (best round) | "
+        "max distance (last round) | best val RMSE | rounds | max spend Σε·r |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for method in METHODS:
+        sel = [r for r in rows if r["method"] == method]
+        if not sel:
+            continue
+
+        def ms(key: str, sel: list[dict[str, str]] = sel) -> str:
+            m, s = mean_std(float(r[key]) for r in sel if r[key] not in ("", "nan"))
+            return "-" if math.isnan(m) else f"{m:.3f} ± {s:.3f}"
+
+        lines.append(
+            f"| {TITLES[method]} | {len(sel)} | {ms('dist_opt1')} | {ms('dist_opt2')} | "
+            f"{ms('max_dist')} | {ms('last_max_dist')} | {ms('best_val_loss')} | "
+            f"{ms('rounds')} | {ms('max_spend')} |"
+        )
+    return lines
