@@ -1,0 +1,206 @@
+"""Leakage statistics: median and maximum per-client spend for ν × k (001 Table 1 analogue).
+
+001's Table 1 gives, for the hospital-charges task, the median and maximum local privacy budget
+Σ ε·r over the whole set of clients (averaged over 10 seeds) for ν ∈ {0, 0.1, 1, 2, 3, 5} and
+k ∈ {7, 5, 3, 1}. Each release costs n/ν under the neighbourhood calibration, so a client's
+spend is (its releases) × n/ν and the table mostly reflects how often clients are sampled.
+
+* ``digits``: the federations of ``accuracy-vs-nu`` (same settings, so the cache is shared and
+  nothing runs twice); n = 83,562, so one release costs 83,562/ν.
+* ``hospital`` (only with ``--data-path`` = the CMS inpatient charges CSV): the paper's protocol,
+  100 training clients per round, validation on 200 held-out providers, stop after 30
+  validations without improvement; n = 11. E, s and B are not given in 001; E = 1, s = 0.05,
+  B = 10 are used.
+
+Clients never sampled count with a spend of 0 ("over the whole set of clients").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from experiments import accuracy_vs_nu
+from experiments.common import (
+    Context,
+    FederationSpec,
+    Progress,
+    fmt,
+    plt_module,
+    read_csv,
+    spends_of,
+    write_csv,
+)
+
+NAME = "leakage"
+COLUMNS = ("dataset", "nu", "k", "seed", "clients", "participating", "median_spend", "max_spend",
+           "mean_releases", "rounds", "num_parameters")
+HOSPITAL: dict[str, dict[str, Any]] = {
+    "full": {"nus": [0.0, 0.1, 1.0, 2.0, 3.0, 5.0], "ks": [1, 3, 5, 7],
+             "seeds": list(range(10)), "num-rounds": 500, "patience": 30},
+    "quick": {"nus": [1.0, 5.0], "ks": [1, 3], "seeds": [0], "num-rounds": 20, "patience": 0},
+    "smoke": {"nus": [1.0], "ks": [1], "seeds": [0], "num-rounds": 3, "patience": 0},
+}
+#: 001 Table 1 (hospital charges): ν -> {k: (median, max)} of Σ ε·r, averaged over 10 seeds.
+PAPER_TABLE1 = {
+    0.1: {7: (517.0, 1551.0), 5: (418.0, 1342.0), 3: (473.0, 1386.0), 1: (528.0, 1540.0)},
+    1.0: {7: (36.3, 126.5), 5: (40.7, 127.6), 3: (44.0, 138.6), 1: (49.5, 147.4)},
+    2.0: {7: (15.4, 57.8), 5: (14.3, 54.5), 3: (22.0, 69.3), 1: (21.5, 66.6)},
+    3.0: {7: (7.7, 32.3), 5: (8.4, 36.7), 3: (12.5, 40.0), 1: (12.1, 40.0)},
+    5.0: {7: (5.7, 21.3), 5: (5.9, 22.0), 3: (5.5, 21.6), 1: (5.3, 20.9)},
+}
+
+
+def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]:
+    """The hospital grid (needs ``ctx.data_path``)."""
+    from tasks.hospital import HospitalTask
+
+    p = HOSPITAL[ctx.profile]
+    task = HospitalTask(ctx.data_path, validation_users=200)
+    users = len(task.training_providers)
+    out = []
+    for seed in ctx.pick_seeds(p["seeds"]):
+        for k in p["ks"]:
+            for nu in p["nus"]:
+                config: dict[str, Any] = {
+                    "task": "hospital", "data-path": str(Path(ctx.data_path).resolve()),
+                    "validation-users": 200, "num-hypotheses": k,
+                    "clients-per-round": min(100, users), "local-epochs": 1,
+                    "learning-rate": 0.05, "batch-size": 10, "num-rounds": p["num-rounds"],
+                    "patience": p["patience"], "eval-every": 1, "seed": seed, "data-seed": 0,
+                    "device": "cpu",
+                }
+                if nu == 0:
+                    config["mechanism"] = "none"
+                else:
+                    config.update({"mechanism": "laplace", "noise-multiplier": float(nu)})
+                out.append((nu, k, seed, FederationSpec(f"hospital nu={nu:g} k={k} seed={seed}",
+                                                        config, users)))
+    return out
+
+
+def row_of(dataset: str, nu: float, k: int, seed: int, clients: int,
+           summary: dict[str, Any]) -> dict[str, Any]:
+    """One results.csv row: spend statistics over all ``clients`` (0 for never sampled)."""
+    spends = spends_of(summary)
+    participating = len(spends)
+    spends += [0.0] * max(0, clients - len(spends))
+    releases = [c.get("releases", 0) for c in summary["privacy"]["per_client"].values()]
+    private = nu > 0
+    return {
+        "dataset": dataset,
+        "nu": nu,
+        "k": k,
+        "seed": seed,
+        "clients": clients,
+        "participating": participating,
+        "median_spend": statistics.median(spends) if private and spends else None,
+        "max_spend": max(spends) if private and spends else None,
+        "mean_releases": sum(releases) / clients if clients else None,
+        "rounds": summary["rounds_completed"],
+        "num_parameters": summary.get("task_info", {}).get("num_parameters"),
+    }
+
+
+def run(ctx: Context) -> list[dict[str, Any]]:
+    """Digits (from accuracy-vs-nu's federations) and, with a data path, hospital."""
+    todo: list[tuple[str, float, int, int, FederationSpec]] = [
+        ("digits", nu, k, seed, spec)
+        for nu, k, seed, spec in accuracy_vs_nu.grid(
+            ctx.profile, ctx.pick_seeds(accuracy_vs_nu.PROFILES[ctx.profile]["seeds"]))
+    ]
+    if ctx.data_path:
+        todo += [("hospital", nu, k, seed, spec) for nu, k, seed, spec in hospital_specs(ctx)]
+    progress = Progress(NAME, len(todo), ctx.stream)
+    rows = []
+    for dataset, nu, k, seed, spec in todo:
+        summary = ctx.run(spec)
+        row = row_of(dataset, nu, k, seed, spec.supernodes, summary)
+        rows.append(row)
+        progress.step(spec.label, f"median / max spend {fmt(row['median_spend'])} / "
+                                  f"{fmt(row['max_spend'])}"
+                      + (" [cached]" if summary.get("_cached") else ""))
+    write_csv(ctx.out / "results.csv", rows, COLUMNS)
+    plot(read_csv(ctx.out / "results.csv"), ctx.figures / "leakage.png")
+    return rows
+
+
+def aggregate(rows: list[dict[str, str]], dataset: str
+              ) -> dict[tuple[float, int], tuple[float, float, int]]:
+    """(ν, k) -> (median spend, max spend, seeds), both averaged over seeds (as in 001)."""
+    cells: dict[tuple[float, int], list[tuple[float, float]]] = {}
+    for r in rows:
+        if r["dataset"] != dataset:
+            continue
+        med = float(r["median_spend"]) if r["median_spend"] else math.nan
+        mx = float(r["max_spend"]) if r["max_spend"] else math.nan
+        cells.setdefault((float(r["nu"]), int(r["k"])), []).append((med, mx))
+    return {
+        key: (statistics.fmean(v[0] for v in vals), statistics.fmean(v[1] for v in vals),
+              len(vals))
+        for key, vals in sorted(cells.items())
+    }
+
+
+def table(rows: list[dict[str, str]], dataset: str) -> list[str]:
+    """Markdown lines in 001 Table 1's layout: one row per ν, 'median, max' per k."""
+    agg = aggregate(rows, dataset)
+    if not agg:
+        return []
+    ks = sorted({k for _, k in agg}, reverse=True)
+    nus = sorted({nu for nu, _ in agg})
+    lines = ["| ν | " + " | ".join(f"k = {k}" for k in ks) + " |", "|" + " --- |" * (len(ks) + 1)]
+    for nu in nus:
+        cells = []
+        for k in ks:
+            if (nu, k) not in agg:
+                cells.append("")
+            elif nu == 0:
+                cells.append("-, -")
+            else:
+                med, mx, _ = agg[nu, k]
+                cells.append(f"{fmt(med, 4)}, {fmt(mx, 4)}")
+        lines.append(f"| {nu:g} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def paper_table() -> list[str]:
+    """001 Table 1 as Markdown."""
+    ks = [7, 5, 3, 1]
+    lines = ["| ν | " + " | ".join(f"k = {k}" for k in ks) + " |", "|" + " --- |" * 5,
+             "| 0 | " + " | ".join("-, -" for _ in ks) + " |"]
+    for nu, cells in PAPER_TABLE1.items():
+        lines.append(f"| {nu:g} | " + " | ".join(f"{cells[k][0]:g}, {cells[k][1]:g}" for k in ks)
+                     + " |")
+    return lines
+
+
+def plot(rows: list[dict[str, str]], path: Path) -> Path:
+    """Median and max spend versus ν (log-log), one line per dataset and k."""
+    plt = plt_module()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for dataset in sorted({r["dataset"] for r in rows}):
+        agg = aggregate(rows, dataset)
+        for k in sorted({k for _, k in agg}):
+            pts = sorted((nu, v) for (nu, kk), v in agg.items() if kk == k and nu > 0)
+            if not pts:
+                continue
+            line = ax.plot([p[0] for p in pts], [p[1][1] for p in pts], marker="o",
+                           label=f"{dataset} k = {k}: max")[0]
+            ax.plot([p[0] for p in pts], [p[1][0] for p in pts], marker=".", ls="--",
+                    color=line.get_color(), label=f"{dataset} k = {k}: median")
+    paper = sorted(PAPER_TABLE1.items())
+    ax.plot([nu for nu, _ in paper], [c[1][1] for _, c in paper], marker="s", color="grey",
+            label="001 Table 1 hospital k = 1: max")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("noise multiplier ν")
+    ax.set_ylabel("per-client spend Σ ε·r")
+    ax.set_title("Leakage statistics (001 Table 1 analogue)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
