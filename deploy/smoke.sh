@@ -197,10 +197,15 @@ ids_of() {  # what this project made, by compose label
 }
 
 UP=0
+RUN_PID=""
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     set +e
+    if [[ -n "$RUN_PID" ]]; then  # the submit step, interrupted
+        kill -TERM "$RUN_PID" 2>/dev/null
+        wait "$RUN_PID" 2>/dev/null
+    fi
     if (( UP )); then
         if [[ "${GPFL_SMOKE_KEEP:-0}" == 1 ]]; then
             log "GPFL_SMOKE_KEEP=1: left project $PROJECT up; remove it with:"
@@ -319,9 +324,13 @@ CONFIG+=" local-epochs=10 mechanism=\"laplace\" noise-multiplier=1.0 seed=$SEED"
 CONFIG+=" eval-every=1 patience=$ROUNDS out-dir=\"$OUT\""
 log "submitting the gpfl app: $CONFIG"
 set +e
+# In the background + wait: a signal is handled at once, not after the run.
 timeout "$RUN_TIMEOUT" "${COMPOSE[@]}" -p "$PROJECT" --profile tools "${FILES[@]}" run --rm --no-deps submit \
-    --run-config "$CONFIG" </dev/null >"$WORK/run.log" 2>&1
+    --run-config "$CONFIG" </dev/null >"$WORK/run.log" 2>&1 &
+RUN_PID=$!
+wait "$RUN_PID"
 rc=$?
+RUN_PID=""
 set -e
 grep -E "\[gpfl\]|ROUND|SUMMARY|ERROR|Traceback" "$WORK/run.log" | sed 's/^/    /' | tail -40 >&2 || true
 (( rc == 124 )) && die "the run did not finish within $RUN_TIMEOUT s"
