@@ -1,4 +1,4 @@
-"""Three clients with personalized budgets ε = (1, 5, 10): which aggregation is most accurate?
+"""Compare aggregations for three clients with personalized budgets ε = (1, 5, 10).
 
 Wu et al. (Appl. Sci. 2023) report that weighting clients by their noise (B: α_i ∝ 1/σ_i) and
 probability-based selection (C) are at least as accurate as the arithmetic mean (A) when
@@ -27,13 +27,18 @@ OPTIMUM = np.array([5.0, 6.0])
 
 
 def run_config(aggregation: str, seed: int, rounds: int) -> dict[str, object]:
-    """The run config of one configuration."""
+    """Return the run config of one configuration."""
     return {
         "optima": "5,6", "num-hypotheses": 1, "num-rounds": rounds, "clients-per-round": 3,
         "mechanism": "gaussian", "client-epsilons": "1,5,10", "delta": 1e-5, "clip": 2.0,
         "local-epochs": 5, "learning-rate": 0.1, "samples-per-user": 50, "patience": 0,
         "aggregation": aggregation, "seed": seed, "data-seed": seed,
     }
+
+
+def sd(values: list[float]) -> float:
+    """Return the sample standard deviation (0 for a single value)."""
+    return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,7 +76,6 @@ def main(argv: list[str] | None = None) -> None:
         vals = [r for r in rows if r["aggregation"] == aggregation]
         rmse = [float(r["val_rmse"]) for r in vals]
         dist = [float(r["distance"]) for r in vals]
-        sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else 0.0)
         print(f"| {aggregation} | {statistics.mean(rmse):.3f} ± {sd(rmse):.3f} | "
               f"{statistics.mean(dist):.3f} ± {sd(dist):.3f} | |")
 

@@ -36,7 +36,7 @@ COMMANDS = (*EXPERIMENTS, "all", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line."""
+    """Build the command-line parser."""
     parser = argparse.ArgumentParser(
         prog="python -m experiments",
         description="Reproduce the papers' experiments on Flower's Simulation Engine.",

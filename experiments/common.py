@@ -191,7 +191,7 @@ class Context:
         return self.out / "figures"
 
     def pick_seeds(self, default: Sequence[int]) -> list[int]:
-        """The seeds given on the command line, else ``default``."""
+        """Return the seeds given on the command line, else ``default``."""
         return list(self.seeds) if self.seeds else list(default)
 
     def log(self, line: str) -> None:
@@ -200,7 +200,7 @@ class Context:
             fh.write(line.rstrip("\n") + "\n")
 
     def run_dir(self, spec: FederationSpec) -> Path:
-        """The cache directory of a federation."""
+        """Return the cache directory of a federation."""
         return self.cache / f"{spec.slug}-{spec.key}"
 
     def run(self, spec: FederationSpec) -> dict[str, Any]:
@@ -293,7 +293,7 @@ def _json_default(value: Any) -> Any:
 
 
 def best_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """The history entry of the run's best validation round (what the run delivers).
+    """Return the history entry of the best validation round (what the run delivers).
 
     Falls back on the last validated round when ``best_round`` is missing.
     """
@@ -310,6 +310,10 @@ def best_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Path:
     """Write ``rows`` with a header row of ``columns`` (extra keys are an error)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        extra = sorted(set(row) - set(columns))
+        if extra:
+            raise ValueError(f"row has keys that are not columns of {path.name}: {extra}")
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="raise")
@@ -347,7 +351,7 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
-    """A number for a table: ``-`` for None/NaN, otherwise ``digits`` significant digits."""
+    """Format a number for a table: ``-`` for None/NaN, else ``digits`` significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float) and math.isinf(value):

@@ -46,13 +46,15 @@ USERS = 1000
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"nus": [0.1, 1.0, 2.0, 4.0], "ks": [1, 2], "seeds": [0, 1, 2], "num-rounds": 100},
     "quick": {"nus": [0.1, 1.0, 2.0, 4.0], "ks": [1, 2], "seeds": [0], "num-rounds": 60},
-    "smoke": {"nus": [1.0], "ks": [1, 2], "seeds": [0], "num-rounds": 30},
+    # The tests: 200 users (40 in the minority) instead of 1,000.
+    "smoke": {"nus": [1.0], "ks": [1, 2], "seeds": [0], "num-rounds": 30, "users": 200},
 }
 
 
 def specs(profile: str, seeds: list[int]) -> list[tuple[float, int, int, FederationSpec]]:
     """(ν, k, seed, federation) of the profile."""
     p = PROFILES[profile]
+    users = p.get("users", USERS)
     out = []
     for seed in seeds:
         for k in p["ks"]:
@@ -67,7 +69,7 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[float, int, int, Federat
                 }
                 out.append((nu, k, seed,
                             FederationSpec(f"fairness nu={nu:g} k={k} seed={seed}", config,
-                                           USERS)))
+                                           users)))
     return out
 
 

@@ -54,7 +54,7 @@ PAPER_TABLE1 = {
 
 
 def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]:
-    """The hospital grid (needs ``ctx.data_path``)."""
+    """Return the hospital grid (needs ``ctx.data_path``)."""
     from tasks.hospital import HospitalTask
 
     p = HOSPITAL[ctx.profile]

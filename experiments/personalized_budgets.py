@@ -183,7 +183,7 @@ def run(ctx: Context) -> list[dict[str, Any]]:
 
 def aggregate(rows: list[dict[str, str]], panel: str
               ) -> dict[tuple[str, str, str], tuple[float, float, int]]:
-    """(setting, budgets, aggregation) -> (mean accuracy, std, seeds) for one panel."""
+    """Map (setting, budgets, aggregation) to (mean accuracy, std, seeds) for one panel."""
     cells: dict[tuple[str, str, str], list[float]] = {}
     for r in rows:
         if r["panel"] == panel:
@@ -238,7 +238,8 @@ def table(rows: list[dict[str, str]]) -> list[str]:
                 lines.append(f"| {panel} | {name} | {m:.3f} ± {s:.3f} ({n}) | (= A) | (= A) "
                              f"| | |")
         for budgets, by in gains(rows, panel).items():
-            def cell(method: str, budgets: str = budgets) -> str:
+            def cell(method: str, budgets: str = budgets,
+                     agg: dict[tuple[str, str, str], tuple[float, float, int]] = agg) -> str:
                 m, s, n = agg.get(("personalized", budgets,
                                    {v: k for k, v in AGGREGATIONS.items()}[method]),
                                   (math.nan, math.nan, 0))

@@ -1,0 +1,175 @@
+"""The experiments' plumbing without Flower: cache, CSV, progress, CLI and report."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import server.launcher
+from experiments import accuracy_vs_nu, cli, personalized_budgets, synthetic_ablation
+from experiments.common import (
+    Context,
+    FederationSpec,
+    MemoryMonitor,
+    Progress,
+    best_entry,
+    compact_summary,
+    mean_std,
+    write_csv,
+)
+from experiments.report import write_report
+
+
+def _summary(rounds: int = 3, params: int = 2) -> dict[str, Any]:
+    history = [{"round": t, "val_loss": 1.0 / (t + 1), "val_metrics": {"accuracy": 0.5 + t / 10},
+                "cluster_sizes": [1], "replies": 1, "declined": 0, "dropped": [],
+                "failures": 0} for t in range(rounds + 1)]
+    return {"config": {}, "task_info": {"num_parameters": params}, "rounds_completed": rounds,
+            "stopped_early": False, "best_val_loss": history[-1]["val_loss"],
+            "best_round": rounds, "hypotheses": [[0.0] * params],
+            "last_hypotheses": [[0.0] * params],
+            "history": history, "privacy": {"per_client": {}, "median": None, "max": None}}
+
+
+class _FakeLaunch:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, **kwargs: Any) -> server.launcher.LaunchResult:
+        self.calls.append(kwargs)
+        return server.launcher.LaunchResult(kwargs["out_dir"], _summary(), None, 0)
+
+
+def test_spec_key_depends_on_config_and_supernodes_only() -> None:
+    a = FederationSpec("a", {"x": 1, "y": 2}, 10)
+    assert a.key == FederationSpec("other label", {"y": 2, "x": 1}, 10).key
+    assert a.key != FederationSpec("a", {"x": 1, "y": 3}, 10).key
+    assert a.key != FederationSpec("a", {"x": 1, "y": 2}, 11).key
+    assert FederationSpec("digits nu=0.1 k=2 seed=0", {}, 1).slug == "digits-nu=0.1-k=2-seed=0"
+
+
+def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeLaunch()
+    monkeypatch.setattr(server.launcher, "launch", fake)
+    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache")
+    spec = FederationSpec("one", {"task": "synthetic", "seed": 0}, 5)
+    first = ctx.run(spec)
+    second = ctx.run(spec)
+    assert len(fake.calls) == 1 and fake.calls[0]["simulation"] is True
+    assert fake.calls[0]["supernodes"] == 5 and fake.calls[0]["run_config"]["seed"] == 0
+    assert first["_cached"] is False and second["_cached"] is True
+    assert (ctx.launched, ctx.reused) == (1, 1)
+    done = json.loads((ctx.run_dir(spec) / "done.json").read_text())
+    assert done["run_config"] == {"task": "synthetic", "seed": 0}
+    fresh = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", fresh=True)
+    fresh.run(spec)
+    assert len(fake.calls) == 2
+
+
+def test_a_run_without_done_marker_is_run_again(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeLaunch()
+    monkeypatch.setattr(server.launcher, "launch", fake)
+    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache")
+    spec = FederationSpec("one", {"seed": 1}, 2)
+    directory = ctx.run_dir(spec)
+    directory.mkdir(parents=True)
+    (directory / "summary.json").write_text(json.dumps(_summary(rounds=1)))  # interrupted
+    assert ctx.run(spec)["rounds_completed"] == 3
+    assert len(fake.calls) == 1
+
+
+def test_compact_summary_drops_large_hypotheses_only() -> None:
+    small = compact_summary(_summary(params=2))
+    assert small["hypotheses"] == [[0.0, 0.0]]
+    large = compact_summary(_summary(params=83_562))
+    assert large["hypotheses"] is None and large["last_hypotheses"] is None
+    assert "83562" in large["hypotheses_dropped"]
+
+
+def test_best_entry_is_the_best_validation_round() -> None:
+    s = _summary(rounds=4)
+    s["best_round"] = 2
+    assert best_entry(s)["round"] == 2
+    s["best_round"] = None
+    assert best_entry(s)["round"] == 4
+    with pytest.raises(ValueError, match="no validated round"):
+        best_entry({"history": [{"round": 0, "val_loss": None}]})
+
+
+def test_write_csv_has_a_header_and_rejects_unknown_keys(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "r.csv", [{"nu": 0.1, "k": 2, "seed": 0, "accuracy": math.nan},
+                                          {"nu": 1, "k": 1, "seed": 1, "accuracy": None}],
+                     ["nu", "k", "seed", "accuracy"])
+    with open(path, newline="") as fh:
+        assert list(csv.reader(fh)) == [["nu", "k", "seed", "accuracy"], ["0.1", "2", "0", "nan"],
+                                        ["1", "1", "1", ""]]
+    with pytest.raises(ValueError):
+        write_csv(tmp_path / "bad.csv", [{"nu": 1, "extra": 2}], ["nu"])
+
+
+def test_mean_std_ignores_non_finite() -> None:
+    assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
+    assert mean_std([5.0, math.nan]) == (5.0, 0.0)
+    assert all(math.isnan(v) for v in mean_std([]))
+
+
+def test_progress_prints_a_counted_line_per_configuration() -> None:
+    out = io.StringIO()
+    p = Progress("exp", 2, out)
+    p.step("a", "done")
+    p.step("b", "done")
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("[##########..........] 1/2 exp a: done")
+    assert lines[1].startswith("[####################] 2/2 exp b: done")
+
+
+def test_memory_monitor_measures_this_process() -> None:
+    with MemoryMonitor(interval=0.05) as monitor:
+        monitor.sample()
+    assert monitor.peak > 10 * 2**20 and monitor.peak_processes >= 1
+
+
+def test_profiles_follow_the_papers_where_asked() -> None:
+    full = accuracy_vs_nu.PROFILES["full"]
+    assert full["nus"] == [0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 15.0]
+    assert full["seeds"] == [0, 1, 2] and full["ks"] == [1, 2]
+    grid = accuracy_vs_nu.grid("full", [0])
+    assert {spec.run_config["mechanism"] for nu, _, _, spec in grid if nu == 0} == {"none"}
+    methods = {m: spec.run_config for m, _, spec in synthetic_ablation.specs("full", [0])}
+    assert methods["ours"]["noise-multiplier"] == 5.0 and methods["ours"]["num-hypotheses"] == 2
+    assert methods["fedavg"]["num-hypotheses"] == 1 and methods["ifca"]["mechanism"] == "none"
+    assert all(c["clients-per-round"] == 7 and c["learning-rate"] == 0.1
+               for c in methods.values())
+    specs = personalized_budgets.specs("full", [0])
+    budgets = {s.run_config.get("client-epsilons") for *_, s in specs
+               if s.run_config["task"] == "digits" and s.run_config["mechanism"] == "gaussian"}
+    assert {"1,1,10", "1,5,10", "1,10,10", "1", "5", "10"} <= budgets
+    assert all(s.run_config["num-hypotheses"] == 1 for *_, s in specs)
+
+
+def test_cli_rejects_unknown_experiments(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cli.main(["no-such-experiment"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_report_from_results_alone(tmp_path: Path) -> None:
+    root = tmp_path / "runs"
+    write_csv(root / "accuracy-vs-nu" / "results.csv",
+              [{"nu": nu, "k": k, "seed": 0, "accuracy": acc}
+               for nu, k, acc in [(0.0, 1, 0.8), (0.0, 2, 0.9), (1.0, 2, 0.88), (15.0, 2, 0.7)]],
+              accuracy_vs_nu.COLUMNS)
+    (root / "accuracy-vs-nu" / "meta.json").write_text(json.dumps({"profile": "quick",
+                                                                   "runtime_s": 12.0}))
+    text = write_report(root, tmp_path / "docs" / "RESULTS.md").read_text()
+    assert "| 15 | - | 0.700 ± 0.000 (1) | 0.561 ± 0.005 |" in text
+    assert "k = 2 reaches 0.900 against 0.800 for k = 1 (+10.0 points)" in text
+    assert "Not run yet: `python -m experiments synthetic-ablation --quick`" in text
