@@ -1,0 +1,240 @@
+"""Every experiment, run for real on Flower's Simulation Engine, has the papers' shape.
+
+Each experiment runs with the tests' own profile (``smoke``: the ``--quick`` settings cut down to
+the configurations the checks need, so that the whole file takes about 8 minutes on 2 cores)
+into one temporary root with one shared cache of federations (``leakage`` reuses the runs of
+``accuracy-vs-nu``, as it does outside the tests). Every run is seeded; the margins below were
+checked against the run-to-run spread (Ray delivers the replies in varying order, so float
+sums, and from there the trajectories, are not bit-identical between runs).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from experiments.cli import run_experiment
+
+# ~15 minutes on 2 cores: not yet part of the default run (issue 4 is still open);
+# GPFL_EXPERIMENT_TESTS=1 ./gpfl.sh test tests/test_experiments_quick.py runs them.
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not os.environ.get("GPFL_EXPERIMENT_TESTS"),
+        reason="set GPFL_EXPERIMENT_TESTS=1 to run the experiment reproductions (~15 min)",
+    ),
+]
+
+DIGITS_PARAMETERS = 83_562
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("experiments")
+
+
+def _run(root: Path, name: str) -> list[dict[str, str]]:
+    run_experiment(name, out=root / name, cache=root / "_runs", profile="smoke")
+    with open(root / name / "results.csv", newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _header(root: Path, name: str) -> list[str]:
+    with open(root / name / "results.csv", encoding="utf-8") as fh:
+        return fh.readline().strip().split(",")
+
+
+def _figures(root: Path, name: str) -> list[str]:
+    return sorted(p.name for p in (root / name / "figures").glob("*.png"))
+
+
+@pytest.fixture(scope="module")
+def accuracy(root: Path) -> list[dict[str, str]]:
+    return _run(root, "accuracy-vs-nu")
+
+
+def _cell(rows: list[dict[str, str]], key: str, **where: Any) -> float:
+    values = [float(r[key]) for r in rows if all(float(r[k]) == v for k, v in where.items())]
+    assert values, f"no row with {where}"
+    return sum(values) / len(values)
+
+
+@pytest.mark.timeout(300)
+def test_synthetic_ablation_ours_reaches_both_optima_fedavg_does_not(root: Path) -> None:
+    rows = _run(root, "synthetic-ablation")
+    ours = [r for r in rows if r["method"] == "ours"]
+    fedavg = [r for r in rows if r["method"] == "fedavg"]
+    assert ours and fedavg
+    for r in ours:
+        # 001 Fig. 1h: the two hypotheses end close to θ*_1 = (5, 6) and θ*_2 = (4, -4.5).
+        assert float(r["dist_opt1"]) <= 0.5 and float(r["dist_opt2"]) <= 0.5, r
+        # Every release costs n/ν = 2/5 = 0.4 (001 appendix): the spend is a multiple of it.
+        releases = float(r["max_spend"]) / 0.4
+        assert releases >= 1 and math.isclose(releases, round(releases), abs_tol=1e-6), r
+    for r in fedavg:
+        # One hypothesis stays between the optima (Fig. 1b): far from at least one of them.
+        assert float(r["max_dist"]) > 0.5, r
+    assert _figures(root, "synthetic-ablation") == [
+        "figure1_ablation.png", "figure2_max_leakage.png", "validation_loss.png"]
+
+
+@pytest.mark.timeout(360)
+def test_accuracy_vs_nu_k2_beats_k1_and_nu15_is_clearly_worse(
+        root: Path, accuracy: list[dict[str, str]]) -> None:
+    assert _header(root, "accuracy-vs-nu")[:4] == ["nu", "k", "seed", "accuracy"]
+    k1 = _cell(accuracy, "accuracy", nu=0.0, k=1)
+    k2 = _cell(accuracy, "accuracy", nu=0.0, k=2)
+    nu1 = _cell(accuracy, "accuracy", nu=1.0, k=2)
+    nu15 = _cell(accuracy, "accuracy", nu=15.0, k=2)
+    # Sanity: the CNN learns (10 classes: chance is 0.1).
+    assert min(k1, k2, nu1) > 0.8
+    # Two hypotheses serve rotated and upright users better than one (both without noise).
+    # The advantage is speed: k = 2 is ahead by 0.05-0.09 for most of the run (the mean over
+    # the learning curve) and k = 1 catches up towards the end (best accuracy +0.01 to +0.03
+    # after 30 rounds in the seeds we ran), so the curve is checked, and the final accuracy
+    # must not be lower.
+    k1_curve = _cell(accuracy, "mean_accuracy", nu=0.0, k=1)
+    k2_curve = _cell(accuracy, "mean_accuracy", nu=0.0, k=2)
+    assert k2_curve > k1_curve + 0.02, (k1_curve, k2_curve)
+    assert k2 >= k1 - 0.01, (k1, k2)
+    # 001 Table 2's shape: ν = 15 clearly below ν = 1. After 30 rounds the ν = 15 runs
+    # plateau ~0.07-0.09 below ν = 1 (7 seeds of an in-process simulation of the same
+    # federation); run-to-run spread of one configuration is ~0.03.
+    assert nu15 < nu1 - 0.03, (nu1, nu15)
+    assert _figures(root, "accuracy-vs-nu") == ["accuracy_vs_nu.png", "learning_curves.png"]
+
+
+@pytest.mark.timeout(120)
+def test_leakage_reuses_the_digits_runs_and_each_release_costs_n_over_nu(
+        root: Path, accuracy: list[dict[str, str]]) -> None:
+    rows = _run(root, "leakage")
+    digits = [r for r in rows if r["dataset"] == "digits"]
+    assert {(float(r["nu"]), int(r["k"])) for r in digits} == {
+        (float(r["nu"]), int(r["k"])) for r in accuracy}
+    for r in digits:
+        nu = float(r["nu"])
+        if nu == 0:
+            # No mechanism: no guarantee, nothing to report (the paper's "-").
+            assert r["median_spend"] == "" and r["max_spend"] == ""
+            continue
+        releases = float(r["max_spend"]) / (DIGITS_PARAMETERS / nu)
+        assert releases >= 1 and math.isclose(releases, round(releases), rel_tol=1e-6), r
+        assert float(r["median_spend"]) <= float(r["max_spend"])
+    # The same federations: the median spend at ν = 1 is 15 × that at ν = 15 only if the
+    # releases per client match, which they need not; but both are positive and ordered by 1/ν.
+    assert _cell(digits, "max_spend", nu=1.0, k=2) > _cell(digits, "max_spend", nu=15.0, k=2)
+
+
+# A CMS inpatient-charges file in the real format (FY2011 header, stray spaces included): ten
+# providers with the four conditions the paper keeps, one with an unknown ZIP (dropped).
+_CMS_HEADER = ["DRG Definition", "Provider Id", "Provider Name", "Provider Street Address",
+               "Provider City", "Provider State", "Provider Zip Code",
+               "Hospital Referral Region Description", " Total Discharges ",
+               " Average Covered Charges ", " Average Total Payments ",
+               "Average Medicare Payments"]
+_CMS_DRGS = ["194 - SIMPLE PNEUMONIA & PLEURISY W CC",
+             "690 - KIDNEY & URINARY TRACT INFECTIONS W/O MCC",
+             "292 - HEART FAILURE & SHOCK W CC",
+             "392 - ESOPHAGITIS, GASTROENT & MISC DIGEST DISORDERS W/O MCC"]
+_CMS_PROVIDERS = {"10001": "36301", "10005": "35957", "220071": "2134", "330214": "10001",
+                  "140276": "60601", "50454": "94103", "450068": "77030", "500025": "98101",
+                  "100022": "33136", "60024": "80202", "999999": "00000"}
+
+
+def _cms_csv(path: Path) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(_CMS_HEADER)
+        for provider, zip_code in _CMS_PROVIDERS.items():
+            for index, drg in enumerate(_CMS_DRGS, start=1):
+                payment = 4000.0 + 1000.0 * index + float(int(provider) % 997)
+                writer.writerow([drg, provider, "H", "1 MAIN ST", "CITY", "ST", zip_code, "X",
+                                 "20", "$35000.00", f"${payment:.2f}", "$5000.00"])
+    return path
+
+
+@pytest.mark.timeout(120)
+def test_leakage_on_hospital_charges_when_a_csv_is_given(root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("zipcodes")
+    csv_path = _cms_csv(tmp_path / "Inpatient.csv")
+    out = root / "leakage-hospital"
+    run_experiment("leakage", out=out, cache=root / "_runs", profile="smoke",
+                   data_path=str(csv_path))
+    with open(out / "results.csv", newline="", encoding="utf-8") as fh:
+        rows = [r for r in csv.DictReader(fh) if r["dataset"] == "hospital"]
+    (row,) = rows
+    # 7 training providers (70 % of 10), 11 parameters: each release costs 11/ν.
+    assert int(row["clients"]) == 7 and int(row["num_parameters"]) == 11
+    releases = float(row["max_spend"]) / (11 / float(row["nu"]))
+    assert releases >= 1 and math.isclose(releases, round(releases), rel_tol=1e-6), row
+
+
+@pytest.mark.timeout(200)
+def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None:
+    rows = _run(root, "fairness")
+    eo1 = _cell(rows, "equal_opportunity_difference", nu=1.0, k=1)
+    eo2 = _cell(rows, "equal_opportunity_difference", nu=1.0, k=2)
+    odds1 = _cell(rows, "equalized_odds_difference", nu=1.0, k=1)
+    odds2 = _cell(rows, "equalized_odds_difference", nu=1.0, k=2)
+    # 004 Fig. 2.7: the personalized model is fairer. One model mislabels the minority (its
+    # labels follow the opposite rule): gaps ~0.3-0.4; two models serve both groups: < 0.1.
+    assert eo2 < eo1 - 0.1 and odds2 < odds1 - 0.1, (eo1, eo2, odds1, odds2)
+    assert _figures(root, "fairness") == ["figure2_7_fairness.png"]
+
+
+@pytest.mark.timeout(200)
+def test_personalized_budgets_weighted_and_probability_not_worse_than_mean(root: Path) -> None:
+    rows = _run(root, "personalized-budgets")
+    by = {m: [float(r["accuracy"]) for r in rows if r["method"] == m] for m in "ABC"}
+    assert all(by.values()) and len({len(v) for v in by.values()}) == 1
+    a, b, c = (sum(v) / len(v) for v in (by["A"], by["B"], by["C"]))
+    # 002: with budgets (1, 1, 10), B (weights ∝ 1/σ) and C (selection with P ∝ 1/σ) average
+    # less noise than A, so they are at least as accurate. Tolerance 0.02: the validation set
+    # has 2,000 samples (binomial s.e. ≈ 0.007 at 0.9), and seeds spread the A-B gap by ~0.05
+    # around a mean gap of ~0.07 in our runs. A broken weighting (e.g. ∝ σ instead of 1/σ)
+    # would favour the ε = 1 clients, whose releases are ≈ 6× noisier than the ε = 10 one's.
+    assert b >= a - 0.02, by
+    assert c >= a - 0.02, by
+    assert a < 0.97, "the noise must matter, else the comparison says nothing"
+
+
+@pytest.mark.timeout(200)
+def test_dlg_reconstructs_at_small_nu_and_fails_at_large_nu(root: Path) -> None:
+    pytest.importorskip("experiments.dlg")
+    rows = _run(root, "dlg")
+    assert _header(root, "dlg")[:5] == ["nu", "seed", "mse", "psnr", "ssim"]
+    small = _cell(rows, "mse", nu=0.001)
+    large = min(_cell(rows, "mse", nu=nu) for nu in (1.0, 10.0))
+    # 001 Fig. 5: full reconstruction at ν = 10⁻³, failure for ν ≥ 1.
+    assert small < 1e-4 and large > 100 * small, (small, large)
+
+
+@pytest.mark.timeout(200)
+def test_scale_thousand_users_hundred_per_round(root: Path) -> None:
+    rows = _run(root, "scale")
+    (row,) = rows
+    assert int(row["users"]) >= 1000 and int(row["clients_per_round"]) == 100
+    assert int(row["rounds"]) >= 2 and float(row["rounds_per_minute"]) > 0
+    # The whole tree is measured: the launcher alone (this process) is one process, the
+    # SuperLink, the simulation process and Ray's are more, and together well over 200 MiB.
+    assert int(row["peak_processes"]) >= 4 and float(row["peak_rss_mb"]) > 200
+
+
+@pytest.mark.timeout(60)
+def test_report_collects_every_experiment(root: Path, tmp_path: Path) -> None:
+    from experiments.report import write_report
+
+    doc = write_report(root, tmp_path / "RESULTS.md")
+    text = doc.read_text()
+    for name in ("synthetic-ablation", "accuracy-vs-nu", "leakage", "fairness",
+                 "personalized-budgets", "scale"):
+        assert f"## {name}" in text
+        assert f"Not run yet: `python -m experiments {name}" not in text
+    assert "0.561" in text  # 001 Table 2, ν = 15, quoted next to ours
+    assert (tmp_path / "results" / "accuracy-vs-nu" / "accuracy_vs_nu.png").is_file()
