@@ -39,6 +39,7 @@ __all__ = [
     "Progress",
     "best_entry",
     "fmt",
+    "last_entry",
     "mean_std",
     "read_csv",
     "write_csv",
@@ -304,6 +305,14 @@ def best_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
     for entry in history:
         if entry["round"] == best:
             return dict(entry)
+    return dict(history[-1])
+
+
+def last_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the history entry of the last validated round (the final model)."""
+    history = [e for e in summary.get("history", []) if e.get("val_loss") is not None]
+    if not history:
+        raise ValueError("the run has no validated round")
     return dict(history[-1])
 
 

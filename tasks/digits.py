@@ -8,8 +8,16 @@ images are rotated 90° counter-clockwise with probability ``rotate-probability`
 (not per image), as seeds/001 does for FEMNIST: this makes two groups, ``Dataset.group`` = 1 for
 rotated users. Pixels are scaled from 0..16 to [0, 1].
 
-The model is Table 3's CNN sized for 8×8 inputs and 10 classes (`tasks.torch_support.table3_cnn`
-with 2×2 kernels): 83,562 parameters; the loss is the mean cross-entropy.
+``partition = "dirichlet"`` replaces the equal slices by the label-skewed split of seeds/002
+(section 5.3): for every class, the shares of its training images that go to each user are
+drawn from Dir(``dirichlet-alpha``·1), as in Hsu et al. 2019; small α gives each user few
+classes. The draw is repeated (up to 100 times, seeded) until every user holds at least one image.
+
+``model = "cnn"`` (default) is Table 3's CNN sized for 8×8 inputs and 10 classes
+(`tasks.torch_support.table3_cnn` with 2×2 kernels): 83,562 parameters. ``model = "logistic"``
+is the multinomial logistic regression 002 trains on these digits: 64·10 + 10 = 650 parameters.
+``loss`` is ``"cross-entropy"`` (default) or ``"rmse"``, the RMSE between the predicted class
+probabilities and the one-hot labels (001 Table 2 reports both).
 """
 
 from __future__ import annotations
@@ -25,17 +33,87 @@ from tasks.base import Dataset, resolve_users, user_seed
 from tasks.config import TaskSettingsError, get_float, get_int, get_str
 from tasks.torch_support import TorchTask, from_arrays, table3_cnn, to_arrays
 
-__all__ = ["VALIDATION_FRACTION", "DigitsTask", "digits_cnn", "from_arrays", "to_arrays"]
+__all__ = [
+    "LOSSES",
+    "MODELS",
+    "PARTITIONS",
+    "VALIDATION_FRACTION",
+    "DigitsTask",
+    "digits_cnn",
+    "digits_logistic",
+    "dirichlet_split",
+    "from_arrays",
+    "to_arrays",
+]
 
 #: Share of the images reserved for validation users.
 VALIDATION_FRACTION = 0.2
 NUM_CLASSES = 10
 IMAGE_SIZE = 8
+MODELS = ("cnn", "logistic")
+PARTITIONS = ("contiguous", "dirichlet")
+LOSSES = ("cross-entropy", "rmse")
+#: Redraws of the Dirichlet shares before giving up on a split where every user has an image.
+_DIRICHLET_TRIES = 100
 
 
 def digits_cnn() -> nn.Sequential:
     """Table 3's CNN for 8×8 images and 10 classes (2×2 kernels)."""
     return table3_cnn(IMAGE_SIZE, NUM_CLASSES, kernel_size=2)
+
+
+def digits_logistic() -> nn.Sequential:
+    """Multinomial logistic regression on the 64 pixels (seeds/002's model): 650 parameters."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(IMAGE_SIZE * IMAGE_SIZE, NUM_CLASSES))
+
+
+def dirichlet_split(
+    labels: np.ndarray, users: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """Split sample positions over ``users`` with Dirichlet(α) label skew.
+
+    For each class, its positions (in the given order) are cut into ``users`` runs whose
+    lengths follow shares drawn from Dir(α·1). The draw is repeated until every user holds at
+    least one sample.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        The label of every sample, shape ``(m,)``.
+    users : int
+        Number of users, at most ``m``.
+    alpha : float
+        Concentration, > 0: small values give each user few classes, large ones near-IID.
+    rng : np.random.Generator
+        Source of the shares.
+
+    Returns
+    -------
+    list of np.ndarray
+        For each user, the sorted positions of its samples; together a partition of
+        ``range(m)``.
+
+    Raises
+    ------
+    TaskSettingsError
+        If no split with a sample for every user was found in 100 draws.
+    """
+    labels = np.asarray(labels)
+    for _ in range(_DIRICHLET_TRIES):
+        parts: list[list[np.ndarray]] = [[] for _ in range(users)]
+        for cls in np.unique(labels):
+            positions = np.flatnonzero(labels == cls)
+            shares = rng.dirichlet(np.full(users, alpha))
+            cuts = np.round(np.cumsum(shares)[:-1] * positions.shape[0]).astype(np.int64)
+            for user, chunk in enumerate(np.split(positions, cuts)):
+                parts[user].append(chunk)
+        split = [np.sort(np.concatenate(p)) for p in parts]
+        if min(p.shape[0] for p in split) > 0:
+            return split
+    raise TaskSettingsError(
+        f"partition='dirichlet' left a user without images in {_DIRICHLET_TRIES} draws with "
+        f"dirichlet-alpha={alpha} and users={users}: raise dirichlet-alpha or lower users"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -62,9 +140,17 @@ class DigitsTask(TorchTask):
     rotate_probability : float
         Probability that a user's images are rotated, in [0, 1].
     data_seed : int
-        Seed of the permutation and of the rotations.
+        Seed of the permutation, of the rotations and of the Dirichlet shares.
     device : str
         Device for scoring (`loss`, `evaluate`).
+    model : str
+        ``"cnn"`` (Table 3, 83,562 parameters) or ``"logistic"`` (650 parameters).
+    partition : str
+        ``"contiguous"`` (equal slices: IID labels) or ``"dirichlet"`` (label skew).
+    dirichlet_alpha : float
+        Concentration of the Dirichlet split, > 0.
+    loss : str
+        ``"cross-entropy"`` or ``"rmse"`` (probabilities against one-hot labels).
     """
 
     name = "digits"
@@ -78,6 +164,10 @@ class DigitsTask(TorchTask):
         rotate_probability: float = 0.5,
         data_seed: int = 0,
         device: str = "auto",
+        model: str = "cnn",
+        partition: str = "contiguous",
+        dirichlet_alpha: float = 0.5,
+        loss: str = "cross-entropy",
     ) -> None:
         super().__init__(device=device)
         settings = {
@@ -85,7 +175,19 @@ class DigitsTask(TorchTask):
             "validation-users": validation_users,
             "rotate-probability": rotate_probability,
             "data-seed": data_seed,
+            "dirichlet-alpha": dirichlet_alpha,
         }
+        for key, value, allowed in (("model", model, MODELS), ("partition", partition, PARTITIONS),
+                                    ("loss", loss, LOSSES)):
+            if value not in allowed:
+                raise TaskSettingsError(
+                    f"{key} must be one of {list(allowed)} for task digits, got {key}={value!r}"
+                )
+        self.model_name = model
+        self.partition = partition
+        self.objective = "rmse" if loss == "rmse" else "cross-entropy"
+        self.dirichlet_alpha = get_float(settings, "dirichlet-alpha", 0.5, minimum=1e-6)
+        self._splits: dict[int, list[np.ndarray]] = {}
         self.users = get_int(settings, "users", 0, minimum=0)
         self.validation_users = get_int(settings, "validation-users", 20, minimum=1)
         self.rotate_probability = get_float(
@@ -107,7 +209,7 @@ class DigitsTask(TorchTask):
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> DigitsTask:
-        """Build from ``users``, ``validation-users``, ``rotate-probability``, ``data-seed``."""
+        """Build from the run config's digits keys (see the module docstring) and ``device``."""
         return cls(
             users=get_int(config, "users", 0, minimum=0),
             validation_users=get_int(config, "validation-users", 20, minimum=1),
@@ -116,11 +218,15 @@ class DigitsTask(TorchTask):
             ),
             data_seed=get_int(config, "data-seed", 0, minimum=0),
             device=get_str(config, "device", "auto"),
+            model=get_str(config, "model", "cnn"),
+            partition=get_str(config, "partition", "contiguous"),
+            dirichlet_alpha=get_float(config, "dirichlet-alpha", 0.5, minimum=1e-6),
+            loss=get_str(config, "loss", "cross-entropy"),
         )
 
     def model(self) -> nn.Module:
-        """Build a fresh `digits_cnn`."""
-        return digits_cnn()
+        """Build a fresh `digits_cnn` or `digits_logistic` (the ``model`` setting)."""
+        return digits_logistic() if self.model_name == "logistic" else digits_cnn()
 
     @property
     def num_training_images(self) -> int:
@@ -146,8 +252,21 @@ class DigitsTask(TorchTask):
         users = resolve_users(
             self.users, partition_id, num_partitions, available=self.num_training_images
         )
-        part = np.array_split(self._train_images, users)[partition_id]
+        if self.partition == "dirichlet":
+            part = self._train_images[self._dirichlet(users)[partition_id]]
+        else:
+            part = np.array_split(self._train_images, users)[partition_id]
         return self._dataset("train", partition_id, part)
+
+    def _dirichlet(self, users: int) -> list[np.ndarray]:
+        # Every process draws the same split: the shares come from data-seed alone.
+        if users not in self._splits:
+            _, labels = _load_digits()
+            rng = np.random.default_rng(user_seed(self.data_seed, "partition", 1))
+            self._splits[users] = dirichlet_split(
+                labels[self._train_images], users, self.dirichlet_alpha, rng
+            )
+        return self._splits[users]
 
     def validation_datasets(self) -> list[Dataset]:
         """Return the held-out users on the reserved 359 images."""

@@ -151,13 +151,18 @@ class TorchTask(Task):
 
     def _tensors(self, data: Dataset, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         x = torch.as_tensor(_writable(np.asarray(data.x, dtype=np.float32)), device=device)
-        dtype = np.int64 if self.objective == "cross-entropy" else np.float32
+        dtype = np.int64 if self.is_classifier else np.float32
         y = torch.as_tensor(_writable(np.asarray(data.y, dtype=dtype)), device=device)
         return x, y
 
     def _objective(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if self.objective == "cross-entropy":
             return F.cross_entropy(output, target)
+        if self.is_classifier:
+            # RMSE for a classifier (001 Table 2's second column): between the predicted class
+            # probabilities and the one-hot labels.
+            one_hot = F.one_hot(target, num_classes=output.shape[1]).to(output.dtype)
+            return rmse_loss(torch.softmax(output, dim=1), one_hot)
         return rmse_loss(output.reshape(target.shape), target)
 
     # -- scoring ----------------------------------------------------------------------------

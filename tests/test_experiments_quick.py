@@ -1,7 +1,7 @@
 """Every experiment, run for real on Flower's Simulation Engine, has the papers' shape.
 
 Each experiment runs with the tests' own profile (``smoke``: the ``--quick`` settings cut down to
-the configurations the checks need, so that the whole file takes about 8 minutes on 2 cores)
+the configurations the checks need, so that the whole file takes about 9 minutes on 2 cores)
 into one temporary root with one shared cache of federations (``leakage`` reuses the runs of
 ``accuracy-vs-nu``, as it does outside the tests). Every run is seeded; the margins below were
 checked against the run-to-run spread (Ray delivers the replies in varying order, so float
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,16 +19,8 @@ import pytest
 
 from experiments.cli import run_experiment
 
-# ~15 minutes on 2 cores: not yet part of the default run (issue 4 is still open);
-# GPFL_EXPERIMENT_TESTS=1 ./gpfl.sh test tests/test_experiments_quick.py runs them.
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not os.environ.get("GPFL_EXPERIMENT_TESTS"),
-        reason="set GPFL_EXPERIMENT_TESTS=1 to run the experiment reproductions (~15 min)",
-    ),
-]
+# ~9 minutes on 2 cores, part of the default run (and of CI).
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DIGITS_PARAMETERS = 83_562
 
@@ -65,7 +56,7 @@ def _cell(rows: list[dict[str, str]], key: str, **where: Any) -> float:
     return sum(values) / len(values)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(480)
 def test_synthetic_ablation_ours_reaches_both_optima_fedavg_does_not(root: Path) -> None:
     rows = _run(root, "synthetic-ablation")
     ours = [r for r in rows if r["method"] == "ours"]
@@ -188,20 +179,24 @@ def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None
     assert _figures(root, "fairness") == ["figure2_7_fairness.png"]
 
 
-@pytest.mark.timeout(200)
-def test_personalized_budgets_weighted_and_probability_not_worse_than_mean(root: Path) -> None:
+@pytest.mark.timeout(300)
+def test_personalized_budgets_weighted_and_probability_beat_the_mean(root: Path) -> None:
     rows = _run(root, "personalized-budgets")
+    assert {r["panel"] for r in rows} == {"digits-iid-gaussian"}
     by = {m: [float(r["accuracy"]) for r in rows if r["method"] == m] for m in "ABC"}
-    assert all(by.values()) and len({len(v) for v in by.values()}) == 1
-    a, b, c = (sum(v) / len(v) for v in (by["A"], by["B"], by["C"]))
-    # 002: with budgets (1, 1, 10), B (weights ∝ 1/σ) and C (selection with P ∝ 1/σ) average
-    # less noise than A, so they are at least as accurate. Tolerance 0.02: the validation set
-    # has 2,000 samples (binomial s.e. ≈ 0.007 at 0.9), and seeds spread the A-B gap by ~0.05
-    # around a mean gap of ~0.07 in our runs. A broken weighting (e.g. ∝ σ instead of 1/σ)
-    # would favour the ε = 1 clients, whose releases are ≈ 6× noisier than the ε = 10 one's.
-    assert b >= a - 0.02, by
-    assert c >= a - 0.02, by
-    assert a < 0.97, "the noise must matter, else the comparison says nothing"
+    assert all(len(v) == 1 for v in by.values()), by
+    (a,), (b,), (c,) = by["A"], by["B"], by["C"]
+    # 002 (IID, Gaussian, ε = (1, 1, 10) per round): B (weights ∝ 1/σ) and C (selection with
+    # P ∝ 1/σ) average less noise than A. Two of three clients release with σ 6.4× that of the
+    # third, so A's aggregate is ~2.3× noisier than B's; after 10 rounds A is at 0.15-0.25 and
+    # B, C at 0.35-0.55 in our runs (3 seeds of an in-process replica, 1 real run), so the
+    # ordering holds with a wide margin. A weighting ∝ σ instead of 1/σ would favour the
+    # noisy clients and put B below A.
+    assert b > a and c > a, by
+    assert a < 0.9, "the noise must matter, else the comparison says nothing"
+    # Per-round budgets compose: the ledgers report the ε = 10 clients' 10 releases at
+    # ε ≈ 52.6 (RDP at δ = 0.002), far above the nominal 10.
+    assert all(float(r["max_epsilon"]) > 10 * 1.5 for r in rows), rows
 
 
 @pytest.mark.timeout(200)

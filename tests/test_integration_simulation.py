@@ -1,8 +1,11 @@
 """The same ServerApp and ClientApp on Flower's Simulation Engine (Ray), the paper's scale.
 
 001, section 4.1: 100 users of 10 samples, 7 per round, k = 2, E = 1, s = 0.1, B = 10,
-ν = 5. Our NumPy re-runs of this setting reach the optima in ~100-150 rounds (the paper's
-patience of 6 would stop a noisy run early, so patience is off here).
+ν = 5. Our NumPy re-runs of this setting reach the optima in ~100-150 rounds, but when the two
+initial hypotheses are drawn close together the clusters separate late: on the Simulation
+Engine seeds 0-3 had their best validation round at 216-283 (and seed 0 was still 1.9 from an
+optimum at round 150). So 300 rounds, and the paper's patience of 6, which would stop a noisy
+run early, is off.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from tests.conftest import flower_processes
 pytestmark = pytest.mark.integration
 
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
-PAPER = {"num-rounds": 150, "clients-per-round": 7, "local-epochs": 1, "learning-rate": 0.1,
+PAPER = {"num-rounds": 300, "clients-per-round": 7, "local-epochs": 1, "learning-rate": 0.1,
          "batch-size": 10, "noise-multiplier": 5.0, "patience": 0, "seed": 1}
 
 
@@ -51,7 +54,7 @@ def test_paper_setting_reaches_both_optima_and_fedavg_does_not(
     assert fedavg["best_val_loss"] > 2 * ours["best_val_loss"]
     # Assert: the accounting of 100 virtual clients: spend = participations × n/ν.
     per_client = ours["privacy"]["per_client"]
-    assert sum(c["participations"] for c in per_client.values()) == 7 * 150
+    assert sum(c["participations"] for c in per_client.values()) == 7 * 300
     for client in per_client.values():
         assert client["spend"] == pytest.approx(client["participations"] * 0.4)
     assert flower_processes() == []

@@ -177,3 +177,59 @@ def test_training_on_cuda_matches_the_contract(task: DigitsTask) -> None:
     )
     assert all(isinstance(a, np.ndarray) and a.dtype == np.float32 for a in out)
     assert task.loss(out, data) < task.loss(params, data)
+
+
+def test_logistic_model_has_650_parameters_and_trains() -> None:
+    task = DigitsTask(model="logistic", rotate_probability=0.0, device="cpu")
+    assert task.num_parameters == 64 * 10 + 10 == 650
+    rng = np.random.default_rng(0)
+    params = task.init_parameters(rng)
+    data = task.client_dataset(0, 2)
+    before = task.loss(params, data)
+    trained = task.train(params, data, epochs=5, learning_rate=0.5, batch_size=50, rng=rng,
+                         device="cpu")
+    assert task.loss(trained, data) < 0.7 * before
+
+
+def test_dirichlet_partition_is_a_label_skewed_partition() -> None:
+    users = 10
+    skewed = DigitsTask(partition="dirichlet", dirichlet_alpha=0.1, rotate_probability=0.0)
+    even = DigitsTask(rotate_probability=0.0)
+    parts = [skewed.client_dataset(p, users) for p in range(users)]
+    # A partition of the 1438 training images: nothing lost, nothing twice, nobody empty.
+    assert sum(len(d) for d in parts) == 1438 and min(len(d) for d in parts) >= 1
+    digests = [h for d in parts for h in _digest(d.x)]
+    even_digests = [h for p in range(users) for h in _digest(even.client_dataset(p, users).x)]
+    assert sorted(digests) == sorted(even_digests)
+
+    def classes_for_half(datasets: list[tasks.Dataset]) -> float:
+        # Mean number of classes needed to cover half of a user's images.
+        needed = []
+        for d in datasets:
+            counts = np.sort(np.bincount(d.y, minlength=10))[::-1]
+            needed.append(int(np.searchsorted(np.cumsum(counts), len(d) / 2)) + 1)
+        return float(np.mean(needed))
+
+    # alpha = 0.1 concentrates each user's labels on ~1-2 classes; equal slices need ~5.
+    even_parts = [even.client_dataset(p, users) for p in range(users)]
+    assert classes_for_half(parts) <= 2.5 < 4.0 <= classes_for_half(even_parts)
+    # The same split in every process (the shares come from data-seed alone).
+    again = DigitsTask(partition="dirichlet", dirichlet_alpha=0.1, rotate_probability=0.0)
+    assert again.client_dataset(3, users).y.tobytes() == parts[3].y.tobytes()
+
+
+def test_rmse_loss_compares_probabilities_with_one_hot_labels() -> None:
+    task = DigitsTask(model="logistic", loss="rmse", device="cpu")
+    params = [np.zeros((10, 64), np.float32), np.zeros(10, np.float32)]
+    data = task.client_dataset(0, 2)
+    # Uniform probabilities 0.1: squared error 0.81 on the true class, 0.01 on nine others.
+    assert task.loss(params, data) == pytest.approx(np.sqrt((0.81 + 9 * 0.01) / 10), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("model", "resnet"), ("partition", "shards"), ("loss", "hinge"), ("dirichlet-alpha", 0.0)],
+)
+def test_bad_digits_settings_name_the_setting(key: str, value: object) -> None:
+    with pytest.raises(TaskSettingsError, match=key):
+        tasks.load_task({"task": "digits", key: value})
