@@ -4,6 +4,8 @@
 #
 #   ./gpfl.sh launch [options]   the main job: a local federation of real Flower processes
 #   ./gpfl.sh test [pytest args] ruff, mypy and the whole test suite
+#   ./gpfl.sh experiment NAME [options]   one of the papers' experiments (python -m experiments)
+#   ./gpfl.sh report [--full] [options]   every experiment (--quick unless --full), then docs/RESULTS.md
 #   ./gpfl.sh <any gpfl subcommand>
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -50,8 +52,27 @@ case "$cmd" in
         echo "== mypy" && mypy mechanisms strategies client server tasks experiments
         echo "== pytest" && python -m pytest "$@"
         ;;
+    experiment|experiments)
+        setup
+        export PATH="$PWD/$VENV/bin:$PATH"
+        exec python -m experiments "$@"
+        ;;
+    report)
+        setup
+        export PATH="$PWD/$VENV/bin:$PATH"
+        profile=(--quick)
+        rest=()
+        for arg in "$@"; do
+            if [[ "$arg" == "--full" ]]; then profile=(); else rest+=("$arg"); fi
+        done
+        # The report is written from whatever finished, then a failed experiment fails the command.
+        status=0
+        python -m experiments all "${profile[@]}" "${rest[@]}" || status=$?
+        python -m experiments report
+        exit "$status"
+        ;;
     help|-h|--help)
-        sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
         ;;
     *)
         setup

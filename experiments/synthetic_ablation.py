@@ -254,8 +254,8 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     """Markdown lines: per method, the mean ± std distances and losses over seeds."""
     lines = [
         "| method | seeds | distance to θ*₁ | distance to θ*₂ | max distance (best round) | "
-        "max distance (last round) | best val RMSE | rounds | max spend Σε·r |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "max distance (last round) | best val RMSE | best round | rounds | max spend Σε·r |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for method in METHODS:
         sel = [r for r in rows if r["method"] == method]
@@ -269,6 +269,14 @@ def table(rows: list[dict[str, str]]) -> list[str]:
         lines.append(
             f"| {TITLES[method]} | {len(sel)} | {ms('dist_opt1')} | {ms('dist_opt2')} | "
             f"{ms('max_dist')} | {ms('last_max_dist')} | {ms('best_val_loss')} | "
-            f"{ms('rounds')} | {ms('max_spend')} |"
+            f"{_span(sel, 'best_round')} | {_span(sel, 'rounds')} | {ms('max_spend')} |"
         )
     return lines
+
+
+def _span(rows: list[dict[str, str]], key: str) -> str:
+    """Format an integer column over seeds: the value, or "min-max" when the seeds differ."""
+    values = sorted({int(float(r[key])) for r in rows if r[key] not in ("", "nan")})
+    if not values:
+        return "-"
+    return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"

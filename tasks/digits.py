@@ -18,22 +18,30 @@ classes. The draw is repeated (up to 100 times, seeded) until every user holds a
 is the multinomial logistic regression 002 trains on these digits: 64·10 + 10 = 650 parameters.
 ``loss`` is ``"cross-entropy"`` (default) or ``"rmse"``, the RMSE between the predicted class
 probabilities and the one-hot labels (001 Table 2 reports both).
+
+``labels = "parity"`` turns the task into seeds/004's fairness protocol on images (section
+2.5.2, Figure 2.8): two classes, 1 for an even digit and 0 for an odd one for upright users, the
+opposite for rotated users (the minority, with ``rotate-probability`` 0.2 as in the thesis).
+`evaluate` then adds the group-fairness gaps of `tasks.fairness.fairness_metrics`, the
+sensitive attribute being whether a user's images are upright.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from torch import nn
 
-from tasks.base import Dataset, resolve_users, user_seed
+from tasks.base import Dataset, Params, best_fits, resolve_users, user_seed
 from tasks.config import TaskSettingsError, get_float, get_int, get_str
+from tasks.fairness import fairness_metrics
 from tasks.torch_support import TorchTask, from_arrays, table3_cnn, to_arrays
 
 __all__ = [
+    "LABELINGS",
     "LOSSES",
     "MODELS",
     "PARTITIONS",
@@ -51,20 +59,21 @@ VALIDATION_FRACTION = 0.2
 NUM_CLASSES = 10
 IMAGE_SIZE = 8
 MODELS = ("cnn", "logistic")
+LABELINGS = ("digit", "parity")
 PARTITIONS = ("contiguous", "dirichlet")
 LOSSES = ("cross-entropy", "rmse")
 #: Redraws of the Dirichlet shares before giving up on a split where every user has an image.
 _DIRICHLET_TRIES = 100
 
 
-def digits_cnn() -> nn.Sequential:
-    """Table 3's CNN for 8×8 images and 10 classes (2×2 kernels)."""
-    return table3_cnn(IMAGE_SIZE, NUM_CLASSES, kernel_size=2)
+def digits_cnn(num_classes: int = NUM_CLASSES) -> nn.Sequential:
+    """Table 3's CNN for 8×8 images (2×2 kernels); 83,562 parameters for 10 classes."""
+    return table3_cnn(IMAGE_SIZE, num_classes, kernel_size=2)
 
 
-def digits_logistic() -> nn.Sequential:
+def digits_logistic(num_classes: int = NUM_CLASSES) -> nn.Sequential:
     """Multinomial logistic regression on the 64 pixels (seeds/002's model): 650 parameters."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(IMAGE_SIZE * IMAGE_SIZE, NUM_CLASSES))
+    return nn.Sequential(nn.Flatten(), nn.Linear(IMAGE_SIZE * IMAGE_SIZE, num_classes))
 
 
 def dirichlet_split(
@@ -151,6 +160,8 @@ class DigitsTask(TorchTask):
         Concentration of the Dirichlet split, > 0.
     loss : str
         ``"cross-entropy"`` or ``"rmse"`` (probabilities against one-hot labels).
+    labels : str
+        ``"digit"`` (10 classes) or ``"parity"`` (004's fairness protocol, 2 classes).
     """
 
     name = "digits"
@@ -168,6 +179,7 @@ class DigitsTask(TorchTask):
         partition: str = "contiguous",
         dirichlet_alpha: float = 0.5,
         loss: str = "cross-entropy",
+        labels: str = "digit",
     ) -> None:
         super().__init__(device=device)
         settings = {
@@ -178,13 +190,15 @@ class DigitsTask(TorchTask):
             "dirichlet-alpha": dirichlet_alpha,
         }
         for key, value, allowed in (("model", model, MODELS), ("partition", partition, PARTITIONS),
-                                    ("loss", loss, LOSSES)):
+                                    ("loss", loss, LOSSES), ("labels", labels, LABELINGS)):
             if value not in allowed:
                 raise TaskSettingsError(
                     f"{key} must be one of {list(allowed)} for task digits, got {key}={value!r}"
                 )
         self.model_name = model
         self.partition = partition
+        self.labels = labels
+        self.num_classes = 2 if labels == "parity" else NUM_CLASSES
         self.objective = "rmse" if loss == "rmse" else "cross-entropy"
         self.dirichlet_alpha = get_float(settings, "dirichlet-alpha", 0.5, minimum=1e-6)
         self._splits: dict[int, list[np.ndarray]] = {}
@@ -222,11 +236,13 @@ class DigitsTask(TorchTask):
             partition=get_str(config, "partition", "contiguous"),
             dirichlet_alpha=get_float(config, "dirichlet-alpha", 0.5, minimum=1e-6),
             loss=get_str(config, "loss", "cross-entropy"),
+            labels=get_str(config, "labels", "digit"),
         )
 
     def model(self) -> nn.Module:
         """Build a fresh `digits_cnn` or `digits_logistic` (the ``model`` setting)."""
-        return digits_logistic() if self.model_name == "logistic" else digits_cnn()
+        build = digits_logistic if self.model_name == "logistic" else digits_cnn
+        return build(self.num_classes)
 
     @property
     def num_training_images(self) -> int:
@@ -240,9 +256,15 @@ class DigitsTask(TorchTask):
         x = images[indices]
         if rotated:
             x = np.rot90(x, k=1, axes=(1, 2))  # counter-clockwise, as in the paper
+        y = labels[indices].copy()
+        if self.labels == "parity":
+            # 004 section 2.5.2: even -> 1 for the majority, even -> 0 for the rotated minority.
+            y = (y % 2 == 0).astype(np.int64)
+            if rotated:
+                y = 1 - y
         return Dataset(
             x=np.ascontiguousarray(x[:, None, :, :], dtype=np.float32),
-            y=labels[indices].copy(),
+            y=y,
             group=np.full(indices.shape[0], int(rotated), dtype=np.int64),
             user=f"{purpose}-{index}",
         )
@@ -272,3 +294,30 @@ class DigitsTask(TorchTask):
         """Return the held-out users on the reserved 359 images."""
         parts = np.array_split(self._validation_images, self.validation_users)
         return [self._dataset("validation", v, part) for v, part in enumerate(parts)]
+
+    def evaluate(
+        self, params_list: Sequence[Params], datasets: Sequence[Dataset]
+    ) -> dict[str, float]:
+        """Score each user with its best hypothesis; with parity labels add the fairness gaps.
+
+        ``"loss"`` and ``"accuracy"`` are averaged over users. With ``labels="parity"`` the gaps
+        of `tasks.fairness.fairness_metrics` are computed over all samples pooled, each
+        predicted by its own user's best hypothesis, the privileged group being the upright
+        users (the gaps are absolute, so the orientation of the attribute does not matter).
+        """
+        if self.labels != "parity":
+            return super().evaluate(params_list, datasets)
+        fits = best_fits(self.user_metrics, params_list, datasets)
+        result = {
+            key: float(np.mean([fit.metrics[key] for fit in fits])) for key in ("loss", "accuracy")
+        }
+        y_pred = np.concatenate(
+            [
+                self.predict(params_list[fit.index], d.x).argmax(axis=1)
+                for fit, d in zip(fits, datasets, strict=True)
+            ]
+        )
+        y_true = np.concatenate([d.y for d in datasets])
+        upright = 1 - np.concatenate([d.group for d in datasets])
+        result.update(fairness_metrics(y_true, y_pred, upright))
+        return result

@@ -166,17 +166,28 @@ def test_leakage_on_hospital_charges_when_a_csv_is_given(root: Path, tmp_path: P
     assert releases >= 1 and math.isclose(releases, round(releases), rel_tol=1e-6), row
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(360)
 def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None:
     rows = _run(root, "fairness")
-    eo1 = _cell(rows, "equal_opportunity_difference", nu=1.0, k=1)
-    eo2 = _cell(rows, "equal_opportunity_difference", nu=1.0, k=2)
-    odds1 = _cell(rows, "equalized_odds_difference", nu=1.0, k=1)
-    odds2 = _cell(rows, "equalized_odds_difference", nu=1.0, k=2)
+    synthetic = [r for r in rows if r["dataset"] == "synthetic"]
+    digits = [r for r in rows if r["dataset"] == "digits"]
+    eo1 = _cell(synthetic, "equal_opportunity_difference", nu=1.0, k=1)
+    eo2 = _cell(synthetic, "equal_opportunity_difference", nu=1.0, k=2)
+    odds1 = _cell(synthetic, "equalized_odds_difference", nu=1.0, k=1)
+    odds2 = _cell(synthetic, "equalized_odds_difference", nu=1.0, k=2)
     # 004 Fig. 2.7: the personalized model is fairer. One model mislabels the minority (its
     # labels follow the opposite rule): gaps ~0.3-0.4; two models serve both groups: < 0.1.
     assert eo2 < eo1 - 0.1 and odds2 < odds1 - 0.1, (eo1, eo2, odds1, odds2)
-    assert _figures(root, "fairness") == ["figure2_7_fairness.png"]
+    # 004 Fig. 2.8 on 8×8 digits, parity labels flipped for the rotated 20 %: the CNN can tell
+    # rotated images apart, so one model also learns both rules in part (accuracy ~0.94), but
+    # its errors fall on the minority: equalized odds 0.09-0.19 for k = 1 against 0.01-0.06
+    # for k = 2 at every ν in {0.1, 1, 2, 4} of our quick run.
+    digits_odds1 = _cell(digits, "equalized_odds_difference", nu=1.0, k=1)
+    digits_odds2 = _cell(digits, "equalized_odds_difference", nu=1.0, k=2)
+    assert digits_odds2 < digits_odds1, (digits_odds1, digits_odds2)
+    assert min(_cell(digits, "accuracy", nu=1.0, k=k) for k in (1, 2)) > 0.8
+    assert _figures(root, "fairness") == ["figure2_7_fairness.png",
+                                          "figure2_8_fairness_digits.png"]
 
 
 @pytest.mark.timeout(300)

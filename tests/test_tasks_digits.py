@@ -233,3 +233,39 @@ def test_rmse_loss_compares_probabilities_with_one_hot_labels() -> None:
 def test_bad_digits_settings_name_the_setting(key: str, value: object) -> None:
     with pytest.raises(TaskSettingsError, match=key):
         tasks.load_task({"task": "digits", key: value})
+
+
+def test_parity_labels_flip_for_rotated_users_and_evaluate_reports_fairness() -> None:
+    digit = DigitsTask(rotate_probability=0.2, device="cpu")
+    parity = DigitsTask(rotate_probability=0.2, labels="parity", model="logistic", device="cpu")
+    assert parity.num_parameters == 64 * 2 + 2
+    seen = set()
+    for p in range(USERS):
+        d, q = digit.client_dataset(p, USERS), parity.client_dataset(p, USERS)
+        assert d.x.tobytes() == q.x.tobytes() and d.group.tobytes() == q.group.tobytes()
+        even = (d.y % 2 == 0).astype(np.int64)
+        rotated = bool(d.group[0])
+        seen.add(rotated)
+        assert q.y.tolist() == (1 - even if rotated else even).tolist()
+    assert seen == {False, True}
+    zeros = [np.zeros((2, 64), np.float32), np.array([0.0, 1.0], np.float32)]  # always "1"
+    metrics = parity.evaluate([zeros], parity.validation_datasets())
+    # A constant prediction has equal rates in both groups: every gap is exactly 0.
+    assert metrics["demographic-parity-difference"] == 0.0
+    assert metrics["equal-opportunity-difference"] == 0.0
+    assert metrics["equalized-odds-difference"] == 0.0
+    # Any model: the gaps are those of the pooled predictions, upright users against rotated.
+    from tasks.fairness import fairness_metrics
+
+    params = parity.init_parameters(np.random.default_rng(3))
+    validation = parity.validation_datasets()
+    y_pred = np.concatenate([parity.predict(params, d.x).argmax(axis=1) for d in validation])
+    y_true = np.concatenate([d.y for d in validation])
+    rotated = np.concatenate([d.group for d in validation])
+    assert 0 < rotated.sum() < rotated.size
+    expected = fairness_metrics(y_true, y_pred, 1 - rotated)
+    got = parity.evaluate([params], validation)
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value), key
+    assert got["accuracy"] == pytest.approx(
+        np.mean([np.mean(parity.predict(params, d.x).argmax(axis=1) == d.y) for d in validation]))
