@@ -3,7 +3,8 @@
 The thesis's synthetic majority/minority data (`tasks.fairness`): 1,000 users with 10 samples,
 800 in the privileged majority and 200 in the unprivileged minority whose labels follow the
 opposite orientation of another boundary. k = 1 (non-personalized) is compared with k = 2
-(personalized) under the Euclidean Laplace mechanism, ν ∈ {0.1, 1, 2, 4}, on three group
+(personalized) under the Euclidean Laplace mechanism, ν ∈ {0.1, 1, 2, 4} (and ν = 0, no
+mechanism, as a reference the thesis does not show), on three group
 fairness gaps of the delivered model: equal-opportunity difference |TPR₁ − TPR₀|, equalized-odds
 difference max(|TPR gap|, |FPR gap|) and demographic-parity difference |P(Ŷ=1|S=1) − P(Ŷ=1|S=0)|,
 computed over 200 held-out validation users (same 80/20 split), each user predicted by the
@@ -55,13 +56,14 @@ DATASETS = ("synthetic", "digits")
 FIGURES = {"synthetic": "figure2_7_fairness.png", "digits": "figure2_8_fairness_digits.png"}
 DIGITS_USERS = 50
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"nus": [0.1, 1.0, 2.0, 4.0], "ks": [1, 2], "seeds": [0, 1, 2], "num-rounds": 100,
-             "digits-rounds": 60},
-    "quick": {"nus": [0.1, 1.0, 2.0, 4.0], "ks": [1, 2], "seeds": [0], "num-rounds": 60,
+    "full": {"nus": [0.0, 0.1, 1.0, 2.0, 4.0], "ks": [1, 2], "seeds": [0, 1, 2],
+             "num-rounds": 100, "digits-rounds": 60},
+    "quick": {"nus": [0.0, 0.1, 1.0, 2.0, 4.0], "ks": [1, 2], "seeds": [0], "num-rounds": 60,
               "digits-rounds": 30},
-    # The tests: 200 users (40 in the minority) instead of 1,000.
-    "smoke": {"nus": [1.0], "ks": [1, 2], "seeds": [0], "num-rounds": 30, "users": 200,
-              "digits-rounds": 30},
+    # The tests: synthetic with 200 users (40 in the minority) instead of 1,000, at ν = 1;
+    # digits without noise (where k = 2 against k = 1 is checked).
+    "smoke": {"nus": {"synthetic": [1.0], "digits": [0.0]}, "ks": [1, 2], "seeds": [0],
+              "num-rounds": 30, "users": 200, "digits-rounds": 30},
 }
 
 
@@ -70,9 +72,16 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, float, int, int, Fe
     p = PROFILES[profile]
     users = p.get("users", USERS)
     out = []
-    for dataset, seed, k, nu in itertools.product(DATASETS, seeds, p["ks"], p["nus"]):
-        common = {"num-hypotheses": k, "mechanism": "laplace", "noise-multiplier": float(nu),
-                  "patience": 0, "eval-every": 1, "seed": seed, "data-seed": 0}
+    nus = p["nus"] if isinstance(p["nus"], dict) else dict.fromkeys(DATASETS, p["nus"])
+    todo = [(d, seed, k, nu) for d in DATASETS for seed, k, nu in
+            itertools.product(seeds, p["ks"], nus[d])]
+    for dataset, seed, k, nu in todo:
+        common: dict[str, Any] = {"num-hypotheses": k, "patience": 0, "eval-every": 1,
+                                  "seed": seed, "data-seed": 0}
+        if nu == 0:
+            common["mechanism"] = "none"  # the no-noise reference
+        else:
+            common.update({"mechanism": "laplace", "noise-multiplier": float(nu)})
         if dataset == "synthetic":
             config = {
                 "task": "fairness", "minority-fraction": 0.2, "samples-per-user": 10,
