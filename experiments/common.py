@@ -293,27 +293,28 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
+def _validated(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    history = [e for e in summary.get("history", []) if e.get("val_loss") is not None]
+    if not history:
+        raise ValueError("the run has no validated round")
+    return history
+
+
 def best_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
     """Return the history entry of the best validation round (what the run delivers).
 
     Falls back on the last validated round when ``best_round`` is missing.
     """
-    history = [e for e in summary.get("history", []) if e.get("val_loss") is not None]
-    if not history:
-        raise ValueError("the run has no validated round")
     best = summary.get("best_round")
-    for entry in history:
+    for entry in _validated(summary):
         if entry["round"] == best:
             return dict(entry)
-    return dict(history[-1])
+    return last_entry(summary)
 
 
 def last_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
     """Return the history entry of the last validated round (the final model)."""
-    history = [e for e in summary.get("history", []) if e.get("val_loss") is not None]
-    if not history:
-        raise ValueError("the run has no validated round")
-    return dict(history[-1])
+    return dict(_validated(summary)[-1])
 
 
 def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Path:

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from tasks.base import Dataset, Params, best_fits, resolve_users, user_seed
+from tasks.base import Dataset, Params, resolve_users, user_seed
 from tasks.config import TaskSettingsError, get_float, get_int, get_str
-from tasks.fairness import fairness_metrics
+from tasks.fairness import evaluate_with_fairness
 from tasks.torch_support import TorchTask, from_arrays, table3_cnn, to_arrays
 
 __all__ = [
@@ -307,17 +307,10 @@ class DigitsTask(TorchTask):
         """
         if self.labels != "parity":
             return super().evaluate(params_list, datasets)
-        fits = best_fits(self.user_metrics, params_list, datasets)
-        result = {
-            key: float(np.mean([fit.metrics[key] for fit in fits])) for key in ("loss", "accuracy")
-        }
-        y_pred = np.concatenate(
-            [
-                self.predict(params_list[fit.index], d.x).argmax(axis=1)
-                for fit, d in zip(fits, datasets, strict=True)
-            ]
+        return evaluate_with_fairness(
+            self.user_metrics,
+            lambda params, x: self.predict(params, x).argmax(axis=1),
+            params_list,
+            datasets,
+            privileged=lambda data: 1 - data.group,
         )
-        y_true = np.concatenate([d.y for d in datasets])
-        upright = 1 - np.concatenate([d.group for d in datasets])
-        result.update(fairness_metrics(y_true, y_pred, upright))
-        return result

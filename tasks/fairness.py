@@ -30,7 +30,7 @@ Gaps in the thesis, and what this module does instead:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -52,6 +52,7 @@ from tasks.synthetic import DEFAULT_OPTIMA, parse_optima
 __all__ = [
     "MINORITY_OFFSET",
     "FairnessTask",
+    "evaluate_with_fairness",
     "fairness_metrics",
     "is_minority",
     "logistic_loss",
@@ -124,6 +125,48 @@ def fairness_metrics(y_true: np.ndarray, y_pred: np.ndarray, group: np.ndarray) 
         "equalized-odds-difference": odds,
         "demographic-parity-difference": gap(everyone),
     }
+
+
+def evaluate_with_fairness(
+    user_metrics: Callable[[Params, Dataset], dict[str, float]],
+    predict_labels: Callable[[Params, np.ndarray], np.ndarray],
+    params_list: Sequence[Params],
+    datasets: Sequence[Dataset],
+    *,
+    privileged: Callable[[Dataset], np.ndarray],
+) -> dict[str, float]:
+    """Score each user with its best hypothesis and add the pooled group-fairness gaps.
+
+    Parameters
+    ----------
+    user_metrics : callable
+        ``(params, data) -> {"loss", "accuracy", ...}`` of one user; picks the best hypothesis.
+    predict_labels : callable
+        ``(params, x) -> labels in {0, 1}``.
+    params_list : Sequence[Params]
+        The k hypotheses.
+    datasets : Sequence[Dataset]
+        One dataset per user.
+    privileged : callable
+        ``data -> S`` per sample (1 = privileged).
+
+    Returns
+    -------
+    dict[str, float]
+        ``"loss"`` and ``"accuracy"`` averaged over users, and `fairness_metrics` over all
+        samples pooled, each predicted by its own user's best hypothesis.
+    """
+    fits = best_fits(user_metrics, params_list, datasets)
+    result = {
+        key: float(np.mean([fit.metrics[key] for fit in fits])) for key in ("loss", "accuracy")
+    }
+    y_pred = np.concatenate(
+        [predict_labels(params_list[fit.index], d.x) for fit, d in zip(fits, datasets, strict=True)]
+    )
+    y_true = np.concatenate([d.y for d in datasets])
+    attribute = np.concatenate([privileged(d) for d in datasets])
+    result.update(fairness_metrics(y_true, y_pred, attribute))
+    return result
 
 
 def logistic_loss(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -289,20 +332,10 @@ class FairnessTask(Task):
         ``"loss"`` and ``"accuracy"`` are averaged over users; `fairness_metrics` is computed
         over all samples pooled, each predicted by its own user's best hypothesis.
         """
-        fits = best_fits(self.user_metrics, params_list, datasets)
-        result = {
-            key: float(np.mean([fit.metrics[key] for fit in fits])) for key in ("loss", "accuracy")
-        }
-        y_pred = np.concatenate(
-            [
-                self.predict(params_list[fit.index], d.x)
-                for fit, d in zip(fits, datasets, strict=True)
-            ]
+        return evaluate_with_fairness(
+            self.user_metrics, self.predict, params_list, datasets,
+            privileged=lambda data: data.group,
         )
-        y_true = np.concatenate([d.y for d in datasets])
-        group = np.concatenate([d.group for d in datasets])
-        result.update(fairness_metrics(y_true, y_pred, group))
-        return result
 
     # -- training ---------------------------------------------------------------------------
     def train(
