@@ -101,8 +101,7 @@ def grid(profile: str, seeds: list[int]) -> list[tuple[float, int, int, Federati
     out = []
     for seed in seeds:
         for k in p["ks"]:
-            nus = p.get("k1_nus", p["nus"]) if k == 1 else p["nus"]
-            for nu in nus:
+            for nu in p["nus"]:
                 spec = FederationSpec(f"digits nu={nu:g} k={k} seed={seed}",
                                       digits_config(nu, k, seed, profile), USERS)
                 out.append((nu, k, seed, spec))
