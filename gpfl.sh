@@ -49,7 +49,7 @@ case "$cmd" in
         setup
         export PATH="$PWD/$VENV/bin:$PATH"
         echo "== ruff" && ruff check .
-        echo "== mypy" && mypy mechanisms strategies client server tasks experiments
+        echo "== mypy" && mypy settings mechanisms strategies client server tasks experiments
         echo "== pytest" && python -m pytest "$@"
         ;;
     experiment|experiments)

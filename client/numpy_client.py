@@ -1,8 +1,20 @@
 """The gpfl NumPyClient: Algorithm 1's client side and Algorithm 2 (SanitizeUpdate).
 
-Flower builds a new client object (in a new process, under the Deployment
-Engine) for every message, so nothing lives on the object between rounds: the
-privacy ledger is on the device's disk and everything else is recomputed.
+Everything the server sends (the run config, the instruction, the hypotheses) is treated as
+chosen by an adversary; the device's policy (:mod:`client.policy`) bounds what is done with it.
+One ``fit``:
+
+1. combine the run config's request with the policy; a forbidden request is declined before
+   anything is computed (:class:`~client.policy.PolicyDecline`: nothing charged, a log line, and
+   ``declined-by = "policy"`` in the reply);
+2. check the instruction (k hypotheses of the task's shapes, finite float values): a malformed
+   one is refused with a clear error, nothing charged;
+3. choose the best hypothesis on the local data, train it, charge the release to the ledger
+   (declining when the cap would be passed), sanitize with noise from the device's own entropy,
+   reply with the release and public metrics only.
+
+Nothing data-dependent leaves uncharged: ``evaluate`` answers nothing, and any failure in step 3
+reaches the server as one fixed message (the details stay in the device's log).
 """
 
 from __future__ import annotations
@@ -13,26 +25,49 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
+from client.policy import DevicePolicy, PolicyDecline
 from client.settings import ClientSettings, PrivacySettings
 from mechanisms import (
     BudgetExceededError,
     EuclideanLaplace,
     GaussianMechanism,
+    LedgerCorruptError,
     Mechanism,
     NoMechanism,
     PrivacyLedger,
     Spend,
     StochasticSign,
+    device_rng,
+    hypotheses_diameter,
+    seeded_rng,
 )
 from tasks import Task
+
+__all__ = ["RELEASE_FAILED", "GpflClient", "InstructionError", "ReleaseFailedError"]
 
 logger = logging.getLogger(__name__)
 
 Arrays = list[np.ndarray]
 
+#: The only text a failure of the private part of a round sends to the server.
+RELEASE_FAILED = (
+    "gpfl: the device could not complete this round; the details are in the device's log"
+)
+
+
+class InstructionError(ValueError):
+    """The server's instruction is malformed (public data only); nothing was computed."""
+
+
+class ReleaseFailedError(RuntimeError):
+    """A failure while private data was in use; its message is always :data:`RELEASE_FAILED`."""
+
+    def __init__(self) -> None:
+        super().__init__(RELEASE_FAILED)
+
 
 def build_mechanism(privacy: PrivacySettings) -> Mechanism:
-    """Make the mechanism the client's privacy settings name."""
+    """Make the mechanism the client's applied privacy settings name."""
     if privacy.mechanism == "laplace":
         if privacy.calibration == "neighbourhood":
             return EuclideanLaplace(
@@ -42,7 +77,7 @@ def build_mechanism(privacy: PrivacySettings) -> Mechanism:
             )
         return EuclideanLaplace(
             calibration="fixed",
-            epsilon=privacy.epsilon,
+            epsilon=privacy.d_epsilon,
             public_radius=privacy.public_radius,
             per_layer=privacy.per_layer,
         )
@@ -58,11 +93,11 @@ def build_mechanism(privacy: PrivacySettings) -> Mechanism:
     return NoMechanism()
 
 
-def derive_rng(seed: int | None, *keys: int) -> np.random.Generator:
-    """Return a generator for one purpose of one client in one round.
+def train_rng(seed: int | None, *keys: int) -> np.random.Generator:
+    """Return the generator of local training (batch order); the run's seed fixes it.
 
-    ``seed=None`` gives OS entropy (the default: noise must not be predictable);
-    a fixed seed is for experiments and makes every stream reproducible.
+    Training randomness is not privacy noise: the release's guarantee holds for any
+    deterministic training, so the federation may fix it. The noise never uses it.
     """
     if seed is None:
         return np.random.default_rng()
@@ -70,7 +105,7 @@ def derive_rng(seed: int | None, *keys: int) -> np.random.Generator:
 
 
 def spend_metrics(spend: Spend) -> dict[str, float | int]:
-    """Return the public spend report of a client (see docs/ARCHITECTURE.md)."""
+    """Return the public spend report: exact sums of the charged costs."""
     return {
         "spend-d": float(spend.d_privacy),
         "spend-epsilon": float(spend.epsilon),
@@ -80,6 +115,44 @@ def spend_metrics(spend: Spend) -> dict[str, float | int]:
     }
 
 
+def split_hypotheses(
+    parameters: Arrays, config: dict[str, Any], shapes: list[tuple[int, ...]]
+) -> list[Arrays]:
+    """Check the server's instruction and split it into k hypotheses of the task's shapes.
+
+    Raises
+    ------
+    InstructionError
+        A count that does not divide into ``num-hypotheses``, a shape that is not the task's,
+        a non-float dtype, or a non-finite value (the message holds public values only).
+    """
+    k = config.get("num-hypotheses", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InstructionError(f"num-hypotheses must be an integer >= 1, got {k!r}")
+    layers = len(shapes)
+    if len(parameters) != k * layers:
+        raise InstructionError(
+            f"expected num-hypotheses={k} x {layers} arrays, got {len(parameters)} arrays"
+        )
+    hypotheses = []
+    for j in range(k):
+        arrays = parameters[j * layers:(j + 1) * layers]
+        for i, (array, shape) in enumerate(zip(arrays, shapes, strict=True)):
+            if not isinstance(array, np.ndarray) or array.shape != tuple(shape):
+                got = getattr(array, "shape", type(array).__name__)
+                raise InstructionError(
+                    f"hypothesis {j}, layer {i}: expected shape {tuple(shape)}, got {got}"
+                )
+            if not np.issubdtype(array.dtype, np.floating):
+                raise InstructionError(
+                    f"hypothesis {j}, layer {i}: expected floating-point values, got {array.dtype}"
+                )
+            if not np.isfinite(array).all():
+                raise InstructionError(f"hypothesis {j}, layer {i}: non-finite values")
+        hypotheses.append(list(arrays))
+    return hypotheses
+
+
 class GpflClient(NumPyClient):
     """Choose the best hypothesis, train it locally, sanitize, release.
 
@@ -87,44 +160,72 @@ class GpflClient(NumPyClient):
     ----------
     task : Task
         The learning task (data, model, loss, local training).
-    settings : ClientSettings
-        Validated client settings (training, privacy, ledger path).
+    run_config : dict
+        The run config as the server sent it (a request).
+    policy : DevicePolicy
+        The device's own settings and bounds.
     """
 
-    def __init__(self, task: Task, settings: ClientSettings) -> None:
+    def __init__(self, task: Task, run_config: dict[str, Any], policy: DevicePolicy) -> None:
         self.task = task
-        self.settings = settings
-        self.mechanism = build_mechanism(settings.privacy)
-        # Opening the ledger reads (and validates) the file: a corrupt ledger
-        # stops the client here, before it trains or releases anything.
-        self.ledger = PrivacyLedger(settings.ledger_path, delta=settings.privacy.delta)
+        self.run_config = run_config
+        self.policy = policy
 
     def get_parameters(self, config: dict[str, Any]) -> Arrays:
         """Return nothing: the server initialises the hypotheses."""
         return []
 
-    def _split(self, parameters: Arrays, config: dict[str, Any]) -> list[Arrays]:
-        k = int(config.get("num-hypotheses", 1))
-        if k < 1 or len(parameters) % k:
-            raise ValueError(
-                f"received {len(parameters)} arrays, not divisible into num-hypotheses={k}"
-            )
-        layers = len(parameters) // k
-        return [list(parameters[j * layers:(j + 1) * layers]) for j in range(k)]
+    def _decline(self, reason: str, by: str, spend: Spend | None) -> tuple[Arrays, int, dict]:
+        metrics: dict[str, Any] = {
+            "client-name": self.policy.client_name,
+            "declined": 1,
+            "declined-by": by,
+            "decline-reason": reason,
+        }
+        if spend is not None:
+            metrics.update(spend_metrics(spend))
+        return [], 1, metrics
 
     def fit(
         self, parameters: Arrays, config: dict[str, Any]
     ) -> tuple[Arrays, int, dict[str, Any]]:
         """Train the best-fitting hypothesis and release it sanitized.
 
-        Returns the released arrays, a constant sample count of 1 (the real
-        count is not revealed) and public metrics; no cluster id is sent.
-        A client whose next release would pass its cap declines: it returns
-        no arrays and ``declined=1``.
+        Returns the released arrays, a constant sample count of 1 (the real count is not
+        revealed) and public metrics; no cluster id is sent. A request the policy forbids, or
+        a release that would pass the cap, is declined: no arrays and ``declined=1``.
         """
-        s = self.settings
-        server_round = int(config.get("server-round", 0))
-        hypotheses = self._split(parameters, config)
+        try:
+            s = ClientSettings.resolve(self.run_config, self.policy)
+        except PolicyDecline as decline:
+            logger.warning("%s declines: %s", self.policy.client_name, decline)
+            return self._decline(str(decline), "policy", None)
+        server_round = config.get("server-round", 0)
+        if isinstance(server_round, bool) or not isinstance(server_round, int) or server_round < 0:
+            raise InstructionError(f"server-round must be an integer >= 0, got {server_round!r}")
+        hypotheses = split_hypotheses(parameters, config, self.task.parameter_shapes)
+        try:
+            # Opening the ledger reads and validates it: a corrupt or vanished ledger stops
+            # the client here, before it trains or releases anything.
+            ledger = PrivacyLedger(s.ledger_path, delta=s.privacy.ledger_delta)
+        except LedgerCorruptError:
+            logger.exception("%s: the privacy ledger is unusable; nothing is released", s.name)
+            raise ReleaseFailedError() from None
+        try:
+            return self._release(s, ledger, hypotheses, server_round)
+        except ReleaseFailedError:
+            raise
+        except Exception:
+            # Private data was in use: the text of any error could carry it. The device keeps
+            # the details; the server learns only that the round failed.
+            logger.exception("%s: round %d failed", s.name, server_round)
+            raise ReleaseFailedError() from None
+
+    def _release(
+        self, s: ClientSettings, ledger: PrivacyLedger, hypotheses: list[Arrays],
+        server_round: int,
+    ) -> tuple[Arrays, int, dict[str, Any]]:
+        mechanism = build_mechanism(s.privacy)
         data = self.task.client_dataset(s.partition_id, s.num_partitions)
         losses = [self.task.loss(h, data) for h in hypotheses]
         best = int(np.argmin(losses))
@@ -134,33 +235,48 @@ class GpflClient(NumPyClient):
             epochs=s.local_epochs,
             learning_rate=s.learning_rate,
             batch_size=s.batch_size,
-            rng=derive_rng(s.seed, s.partition_id, server_round, 0),
+            rng=train_rng(s.train_seed, s.partition_id, server_round),
             device=s.device,
         )
         reference = hypotheses[best]
-        event = self.mechanism.event(reference, trained)
-        public = {k: float(v) for k, v in self.mechanism.public_metrics(reference, trained).items()}
+        # The release is centred on a hypothesis chosen with private data: mechanisms whose
+        # guarantee depends on it (Gaussian) calibrate to the hypotheses' public spread.
+        spread = hypotheses_diameter(hypotheses)
+        event = mechanism.event(reference, trained)
+        public = {
+            k: float(v)
+            for k, v in mechanism.public_metrics(reference, trained, spread=spread).items()
+        }
         if s.privacy.mechanism == "laplace" and s.privacy.calibration == "neighbourhood":
-            # Under the neighbourhood calibration σ is a function of ‖δ‖: declaring
-            # it would publish ‖δ‖ exactly. Only data-independent σ are declared.
+            # Under the neighbourhood calibration σ is a function of ‖δ‖: declaring it would
+            # publish ‖δ‖ exactly. Only data-independent σ are declared.
             public.pop("sigma", None)
         base: dict[str, Any] = {"mechanism": s.privacy.mechanism, "client-name": s.name, **public}
         try:
             # Charged (and on disk) before anything leaves the device.
-            spend = self.ledger.charge(event, cap=s.privacy.cap, round=server_round)
+            spend = ledger.charge(event, cap=s.privacy.cap(event.family), round=server_round)
         except BudgetExceededError as err:
-            spend = self.ledger.record_decline()
+            spend = ledger.record_decline()
             logger.warning("%s declines round %d: %s", s.name, server_round, err)
-            return [], 1, {**base, "declined": 1, **spend_metrics(spend)}
-        released = self.mechanism.sanitize(
-            reference, trained, rng=derive_rng(s.seed, s.partition_id, server_round, 1)
-        )
+            reason = f"the next release would pass this device's {event.family} cap"
+            _, _, metrics = self._decline(reason, "budget", spend)
+            return [], 1, {**base, **metrics}
+        if s.noise_seed is None:
+            rng = device_rng()
+        else:
+            # Opted in by the device (experiments): keyed by the device's own release count,
+            # never by anything the server chose.
+            rng = seeded_rng(s.noise_seed, s.partition_id, spend.releases)
+        released = mechanism.sanitize(reference, trained, rng=rng, spread=spread)
         return released, 1, {**base, "declined": 0, **spend_metrics(spend)}
 
     def evaluate(
         self, parameters: Arrays, config: dict[str, Any]
     ) -> tuple[float, int, dict[str, Any]]:
-        """Loss of the best hypothesis on the local data (not used by default)."""
-        hypotheses = self._split(parameters, config)
-        data = self.task.client_dataset(self.settings.partition_id, self.settings.num_partitions)
-        return float(min(self.task.loss(h, data) for h in hypotheses)), 1, {}
+        """Answer nothing data-dependent: a local loss would leave the device uncharged.
+
+        The server validates on its own held-out users; a federated evaluation would need a
+        privatized, charged statistic, which gpfl does not offer.
+        """
+        logger.info("%s: evaluate refused (a local loss is private)", self.policy.client_name)
+        return 0.0, 0, {"client-name": self.policy.client_name, "refused": 1}

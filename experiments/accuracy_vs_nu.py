@@ -85,7 +85,7 @@ def digits_config(nu: float, k: int, seed: int, profile: str) -> dict[str, Any]:
         "patience": p["patience"],
         "seed": seed,
         "data-seed": 0,
-        "device": "cpu",
+        "server-device": "cpu",
     }
     if nu == 0:
         config["mechanism"] = "none"

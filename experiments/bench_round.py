@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
         fed.start_superlink()
         for i in range(n):
             fed.start_supernode(i, {"partition-id": i, "num-partitions": n,
-                                    "ledger-dir": str(work / "ledgers")})
+                                    "ledger-dir": str(work / "ledgers"),
+                                    "cap-d-privacy": 1e6})
         time.sleep(3)  # let every SuperNode register before the first run
         baseline = timed_run(fed, root / "experiments" / "fedavg_baseline",
                              {"num-rounds": rounds, "clients-per-round": n},

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.common import experiment_policy
 from server.launcher import launch
 
 AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
@@ -53,8 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     for i, (aggregation, seed) in enumerate(
         (a, s) for a in AGGREGATIONS for s in args.seeds
     ):
+        config = run_config(aggregation, seed, args.rounds)
         summary = launch(
-            supernodes=3, simulation=True, run_config=run_config(aggregation, seed, args.rounds),
+            supernodes=3, simulation=True, run_config=config, policy=experiment_policy(config),
             out_dir=args.out / f"{aggregation}-seed{seed}", echo=lambda _: None,
         ).summary
         final = np.asarray(summary["hypotheses"][0])

@@ -38,6 +38,7 @@ __all__ = [
     "MemoryMonitor",
     "Progress",
     "best_entry",
+    "experiment_policy",
     "fmt",
     "last_entry",
     "mean_std",
@@ -235,6 +236,7 @@ class Context:
             supernodes=spec.supernodes,
             simulation=True,
             run_config=dict(spec.run_config),
+            policy=experiment_policy(spec.run_config),
             out_dir=directory,
             echo=self.log,
             timeout=self.timeout,
@@ -265,6 +267,25 @@ class Context:
             **dict(extra or {}),
         }
         _write_json(self.out / "meta.json", meta)
+
+
+def experiment_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Return the device policy of an experiment's virtual devices.
+
+    The experimenter owns these devices and reproduces the papers' settings, so the policy
+    lets the run's request through: every mechanism (the non-private baselines included),
+    bounds and caps that no request reaches, the ledger reporting at the run's δ, training on
+    the CPU (small models, many Ray workers), and seeded noise keyed by the run's seed so that
+    a rerun gives the same numbers. A real device would never opt in to seeded noise.
+    """
+    seed = int(run_config.get("seed", 0))
+    return {
+        "mechanisms": "laplace,gaussian,sign,none",
+        "noise-multiplier": 1e-9, "d-epsilon": 1e12, "public-radius": 1e-12, "epsilon": 1e12,
+        "delta": float(run_config.get("delta", 1e-5)),
+        "cap-d-privacy": 1e15, "cap-epsilon": 1e15,
+        "allow-seeded-noise": True, "noise-seed": max(seed, 0), "device": "cpu",
+    }
 
 
 def compact_summary(summary: Mapping[str, Any]) -> dict[str, Any]:

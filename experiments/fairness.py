@@ -95,7 +95,7 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, float, int, int, Fe
                 "task": "digits", "labels": "parity", "rotate-probability": 0.2,
                 "validation-users": 20, "clients-per-round": 10, "local-epochs": 5,
                 "learning-rate": 0.2, "batch-size": 10, "num-rounds": p["digits-rounds"],
-                "device": "cpu", **common,
+                "server-device": "cpu", **common,
             }
             supernodes = DIGITS_USERS
         label = f"fairness {dataset} nu={nu:g} k={k} seed={seed}"

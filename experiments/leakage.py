@@ -70,7 +70,7 @@ def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]
                     "clients-per-round": min(100, users), "local-epochs": 1,
                     "learning-rate": 0.05, "batch-size": 10, "num-rounds": p["num-rounds"],
                     "patience": p["patience"], "eval-every": 1, "seed": seed, "data-seed": 0,
-                    "device": "cpu",
+                    "server-device": "cpu",
                 }
                 if nu == 0:
                     config["mechanism"] = "none"

@@ -17,7 +17,7 @@ Two accountings of the same budgets, side by side (``accounting`` column):
   RDP accountant calibrates each release so that R of them compose to (ε_i, δ_i)
   (``planned-releases`` = R), i.e. ~√R times the noise of a one-release budget.
 * ``per-round`` (002's reading: it states no composition): each release is calibrated to
-  (ε_i, δ_i) alone (``planned-releases`` = 1, the cap lifted with ``privacy-budget``); the
+  (ε_i, δ_i) alone (``planned-releases`` = 1, the cap lifted with ``cap-epsilon``); the
   ledgers then report what the R releases really cost in total (``max_epsilon``: the largest
   composed ε of the run, at δ_i).
 
@@ -67,7 +67,7 @@ AGGREGATIONS = {"mean": "A", "weighted": "B", "probability": "C"}
 COLUMNS = ("panel", "accounting", "setting", "budgets", "aggregation", "method", "seed",
            "accuracy", "val_loss", "best_round", "rounds", "failures", "max_epsilon")
 ACCOUNTINGS = ("composed", "per-round")
-#: ``privacy-budget`` of the per-round accounting: a cap no run of these panels reaches (the
+#: ``cap-epsilon`` of the per-round accounting: a cap no run of these panels reaches (the
 #: composed totals are reported, not enforced).
 _PER_ROUND_CAP = 1e4
 
@@ -103,7 +103,7 @@ PANELS: dict[str, dict[str, Any]] = {
             "task": "digits", "model": "logistic", "partition": "contiguous",
             "rotate-probability": 0.0, "validation-users": 20, "mechanism": "gaussian",
             "delta": 0.002, "clip": 1.0, "num-rounds": 10, "local-epochs": 5,
-            "learning-rate": 0.5, "batch-size": 50, "device": "cpu",
+            "learning-rate": 0.5, "batch-size": 50, "server-device": "cpu",
         },
     },
     "digits-dirichlet-sign": {
@@ -114,7 +114,7 @@ PANELS: dict[str, dict[str, Any]] = {
             "dirichlet-alpha": 0.5, "rotate-probability": 0.0, "validation-users": 20,
             "mechanism": "sign", "delta": 1e-5, "clip": 1.0, "server-learning-rate": 0.05,
             "num-rounds": 10, "local-epochs": 5, "learning-rate": 0.5, "batch-size": 50,
-            "device": "cpu",
+            "server-device": "cpu",
         },
     },
     "digits-cnn-iid-gaussian": {
@@ -124,7 +124,7 @@ PANELS: dict[str, dict[str, Any]] = {
             "task": "digits", "model": "cnn", "rotate-probability": 0.0,
             "validation-users": 20, "mechanism": "gaussian", "delta": 0.002, "clip": 0.1,
             "num-rounds": 10, "local-epochs": 1, "learning-rate": 0.1, "batch-size": 50,
-            "device": "cpu",
+            "server-device": "cpu",
         },
     },
 }
@@ -183,7 +183,7 @@ def specs(profile: str, seeds: list[int]
                     config["client-epsilons"] = budgets
                     if accounting == "per-round":
                         config["planned-releases"] = 1
-                        config["privacy-budget"] = _PER_ROUND_CAP
+                        config["cap-epsilon"] = _PER_ROUND_CAP
                 label = (f"{panel} {accounting} {setting} eps=({budgets}) "
                          f"{AGGREGATIONS[agg]} seed={seed}"
                          if budgets else f"{panel} no-noise seed={seed}")

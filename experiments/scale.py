@@ -19,6 +19,7 @@ from experiments.common import (
     FederationSpec,
     MemoryMonitor,
     Progress,
+    experiment_policy,
     fmt,
     plt_module,
     read_csv,
@@ -70,7 +71,8 @@ def run(ctx: Context) -> list[dict[str, Any]]:
 
         with MemoryMonitor(interval=0.5) as monitor:
             result = launch(supernodes=users, simulation=True, run_config=dict(s.run_config),
-                            out_dir=directory, echo=echo, timeout=ctx.timeout)
+                            policy=experiment_policy(s.run_config), out_dir=directory,
+                            echo=echo, timeout=ctx.timeout)
             monitor.sample()
         wall = time.monotonic() - start
         ctx.launched += 1

@@ -8,10 +8,17 @@ the sign mechanism.
 
 from mechanisms.base import KNOWN_SETTINGS, Mechanism, build_mechanism
 from mechanisms.calibration import calibrate_gaussian_noise_multiplier, gaussian_epsilon
-from mechanisms.clipping import clip_elementwise, clip_l2, l2_sensitivity
+from mechanisms.clipping import (
+    clip_elementwise,
+    clip_l2,
+    hypotheses_diameter,
+    l2_sensitivity,
+)
 from mechanisms.events import (
+    FAMILIES,
     GaussianReleaseEvent,
     MetricPrivacyEvent,
+    NeighbourhoodEvent,
     NonPrivateEvent,
     PrivacyEvent,
     SignReleaseEvent,
@@ -23,16 +30,18 @@ from mechanisms.ledger import (
     BudgetExceededError,
     LedgerCorruptError,
     LedgerEntry,
+    LedgerMissingError,
+    LedgerRollbackError,
     PrivacyLedger,
     Spend,
-    default_ledger_path,
     format_ledger,
 )
 from mechanisms.none import NoMechanism
-from mechanisms.rng import make_rng
+from mechanisms.rng import device_rng, make_rng, seeded_rng
 from mechanisms.sign import StochasticSign
 
 __all__ = [
+    "FAMILIES",
     "KNOWN_SETTINGS",
     "BudgetExceededError",
     "EuclideanLaplace",
@@ -40,8 +49,11 @@ __all__ = [
     "GaussianReleaseEvent",
     "LedgerCorruptError",
     "LedgerEntry",
+    "LedgerMissingError",
+    "LedgerRollbackError",
     "Mechanism",
     "MetricPrivacyEvent",
+    "NeighbourhoodEvent",
     "NoMechanism",
     "NonPrivateEvent",
     "PrivacyEvent",
@@ -53,11 +65,13 @@ __all__ = [
     "calibrate_gaussian_noise_multiplier",
     "clip_elementwise",
     "clip_l2",
-    "default_ledger_path",
+    "device_rng",
     "event_from_dict",
     "format_ledger",
     "gaussian_epsilon",
+    "hypotheses_diameter",
     "l2_sensitivity",
     "make_rng",
     "sample_euclidean_laplace",
+    "seeded_rng",
 ]

@@ -29,6 +29,14 @@ def check_positive_finite(name: str, value: object) -> float:
     return x
 
 
+def check_non_negative_finite(name: str, value: object) -> float:
+    """Return ``value`` as a float that is >= 0 and finite."""
+    x = check_real(name, value)
+    if not (x >= 0.0 and math.isfinite(x)):
+        raise ValueError(f"{name} must be non-negative and finite, got {name}={value!r}")
+    return x
+
+
 def check_open_unit(name: str, value: object) -> float:
     """Return ``value`` as a float strictly between 0 and 1."""
     x = check_real(name, value)
@@ -69,7 +77,7 @@ def check_generator(rng: object) -> np.random.Generator:
     """Return ``rng`` if it is a ``numpy.random.Generator``."""
     if not isinstance(rng, np.random.Generator):
         raise TypeError(
-            "rng must be a numpy.random.Generator (see mechanisms.make_rng), "
+            "rng must be a numpy.random.Generator (see mechanisms.device_rng), "
             f"got rng={rng!r}"
         )
     return rng

@@ -4,12 +4,19 @@ A mechanism turns one client's model after local training (``updated``) into a
 release, given the hypothesis it started from (``reference``, public: the server
 sent it). The client calls, in this order::
 
+    spread = hypotheses_diameter(hypotheses)           # public: the k hypotheses sent
     event = mechanism.event(reference, updated)        # cheap, deterministic, no noise
     ledger.charge(event, cap=...)                      # on disk before anything leaves
-    released = mechanism.sanitize(reference, updated, rng=rng)
+    released = mechanism.sanitize(reference, updated, rng=device_rng(), spread=spread)
 
 ``reference`` and ``updated`` are sequences of floating-point arrays (one model's
 layers, same count and shapes, finite values); every method validates them.
+
+With k ≥ 2 hypotheses ``reference`` is the one the client picked with its private
+loss, so a release centred on it depends on the data through that choice too.
+``spread`` (the largest L2 distance between the hypotheses, see
+:func:`mechanisms.clipping.hypotheses_diameter`) lets a mechanism whose guarantee
+needs it account for that; each mechanism's docstring says what it does with it.
 """
 
 from __future__ import annotations
@@ -75,18 +82,35 @@ class Mechanism(ABC):
         updated: Sequence[np.ndarray],
         *,
         rng: np.random.Generator,
+        spread: float = 0.0,
     ) -> list[np.ndarray]:
-        """Return the release: new arrays with the shapes and dtypes of ``updated``."""
+        """Return the release: new arrays with the shapes and dtypes of ``updated``.
+
+        Parameters
+        ----------
+        reference, updated : sequence of numpy.ndarray
+            The hypothesis the client trained, and the model after training.
+        rng : numpy.random.Generator
+            Where the noise comes from; on a device, :func:`mechanisms.device_rng`.
+        spread : float
+            The diameter (largest pairwise L2 distance) of the hypotheses the
+            server sent, >= 0 and finite; 0 for a single hypothesis.
+        """
 
     @abstractmethod
     def public_metrics(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        spread: float = 0.0,
     ) -> dict[str, float]:
         """Return the public metrics ``sigma``, ``budget-epsilon`` and ``budget-delta``.
 
         ``sigma`` is the per-coordinate standard deviation of the release's noise
-        (0 when there is none); the budget keys are the client's declared (epsilon,
-        delta) target, 0 where the mechanism has none.
+        (0 when there is none) for the same ``spread`` as :meth:`sanitize`; the
+        budget keys are the client's declared (epsilon, delta) target, 0 where the
+        mechanism has none.
         """
 
     @classmethod

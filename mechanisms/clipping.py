@@ -8,10 +8,15 @@ diameter is the sensitivity that the Gaussian noise is scaled to:
 * L2 clipping to norm C: ‖δ − δ′‖₂ ≤ ‖δ‖ + ‖δ′‖ ≤ 2C.
 * Element-wise clipping to [−c, c] over n coordinates: each coordinate differs by
   at most 2c, so ‖δ − δ′‖₂ ≤ 2c·√n.
+
+A release centred on the hypothesis the client picked (the Gaussian mechanism)
+also moves with that choice, by at most the diameter of the hypotheses the server
+sent (:func:`hypotheses_diameter`).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -99,3 +104,72 @@ def l2_sensitivity(mode: str, clip: float, n: int) -> float:
     if mode == "l2":
         return 2.0 * clip
     return 2.0 * clip * math.sqrt(n)
+
+
+def hypotheses_diameter(hypotheses: Sequence[Sequence[np.ndarray]]) -> float:
+    """Largest L2 distance between two of the hypotheses, over their flattened layers.
+
+    With k ≥ 2 hypotheses the client picks one with its private data, and a
+    release centred on it moves by at most this much with that choice. The
+    hypotheses are public (the server sent them), so this number is too.
+
+    Parameters
+    ----------
+    hypotheses : sequence of sequences of numpy.ndarray
+        The k models, each a sequence of layers; all with the same number of
+        layers and the same shapes, finite values.
+
+    Returns
+    -------
+    float
+        max over pairs i < j of ‖θ_i − θ_j‖₂, computed in float64; 0.0 for k = 1.
+
+    Raises
+    ------
+    ValueError
+        No hypotheses, hypotheses whose layers differ in count or shape,
+        non-finite values, or a distance that overflows float64.
+    TypeError
+        ``hypotheses`` or one of them is not a sequence of arrays, or a layer is
+        not numeric.
+    """
+    if isinstance(hypotheses, np.ndarray) or not isinstance(hypotheses, Sequence):
+        raise TypeError(
+            "hypotheses must be a sequence of models (each a sequence of arrays), "
+            f"got {type(hypotheses).__name__}"
+        )
+    if not hypotheses:
+        raise ValueError("hypotheses must hold at least one model, got an empty sequence")
+    models: list[list[np.ndarray]] = []
+    for j, model in enumerate(hypotheses):
+        if isinstance(model, np.ndarray) or not isinstance(model, Sequence):
+            raise TypeError(
+                f"hypotheses[{j}] must be a sequence of arrays (one model's layers), "
+                f"got {type(model).__name__}"
+            )
+        layers = [np.asarray(a) for a in model]
+        for i, layer in enumerate(layers):
+            if not np.issubdtype(layer.dtype, np.number) or np.iscomplexobj(layer):
+                raise TypeError(
+                    f"hypotheses[{j}][{i}] must be a real numeric array, got dtype={layer.dtype}"
+                )
+            if not np.isfinite(layer).all():
+                raise ValueError(f"hypotheses[{j}][{i}] contains non-finite values (nan or inf)")
+        if models and [a.shape for a in layers] != [a.shape for a in models[0]]:
+            raise ValueError(
+                f"hypotheses[{j}] has layer shapes {[a.shape for a in layers]}, "
+                f"hypotheses[0] has {[a.shape for a in models[0]]}"
+            )
+        models.append(layers)
+    # Pair by pair and layer by layer, so that no k × n float64 copy is ever held.
+    squared = [
+        math.fsum(
+            sum_of_squares(np.subtract(x, y, dtype=np.float64))
+            for x, y in zip(models[a], models[b], strict=True)
+        )
+        for a, b in itertools.combinations(range(len(models)), 2)
+    ]
+    diameter = math.sqrt(max(squared, default=0.0))
+    if not math.isfinite(diameter):
+        raise ValueError("the distance between two hypotheses overflows float64")
+    return diameter

@@ -5,14 +5,22 @@ is drawn; the client's :class:`~mechanisms.ledger.PrivacyLedger` composes them.
 Events round-trip through plain dicts (``to_dict`` / :func:`event_from_dict`) so
 that the ledger can keep them in a JSON file.
 
-====================  ===========  ============================================
-class                 ``kind``     fields
-====================  ===========  ============================================
-MetricPrivacyEvent    ``metric``   ``layers``: (epsilon, radius) per layer
-GaussianReleaseEvent  ``gaussian`` ``noise_multiplier`` (sigma / L2 sensitivity)
-SignReleaseEvent      ``sign``     ``noise_multiplier`` (of the Gaussian it post-processes)
-NonPrivateEvent       ``none``     (none)
-====================  ===========  ============================================
+Every event belongs to a ``family``, the unit its cost is counted and capped in:
+``"d-privacy"`` (Σ ε·r, composed by addition), ``"rdp"`` (the (ε, δ) that
+dp-accounting's RDP accountant composes) or ``"none"`` (no guarantee at all).
+Costs of different families are never added to one another.
+
+====================  =================  =========  ==========================================
+class                 ``kind``           family     fields
+====================  =================  =========  ==========================================
+MetricPrivacyEvent    ``metric``         d-privacy  ``layers``: (epsilon, radius) per layer
+NeighbourhoodEvent    ``neighbourhood``  d-privacy  ``dimensions`` (size of each block),
+                                                    ``noise_multiplier`` ν
+GaussianReleaseEvent  ``gaussian``       rdp        ``noise_multiplier`` (σ / L2 sensitivity)
+SignReleaseEvent      ``sign``           rdp        ``noise_multiplier`` (of the Gaussian it
+                                                    post-processes)
+NonPrivateEvent       ``none``           none       (none)
+====================  =================  =========  ==========================================
 """
 
 from __future__ import annotations
@@ -22,14 +30,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mechanisms._validation import check_positive_finite, check_real
+from mechanisms._validation import check_positive_finite, check_positive_int, check_real
+
+#: The families of events, i.e. the units in which a ledger counts and caps spend.
+FAMILIES: tuple[str, ...] = ("d-privacy", "rdp", "none")
 
 
 @dataclass(frozen=True)
 class PrivacyEvent:
-    """Base class of every privacy event; subclasses set ``kind``."""
+    """Base class of every privacy event; subclasses set ``kind`` and ``family``."""
 
     kind: ClassVar[str] = ""
+    family: ClassVar[str] = ""
 
     def validate(self) -> None:
         """Raise ``ValueError`` or ``TypeError`` if a field is out of range."""
@@ -57,6 +69,7 @@ class MetricPrivacyEvent(PrivacyEvent):
     """
 
     kind: ClassVar[str] = "metric"
+    family: ClassVar[str] = "d-privacy"
     layers: tuple[tuple[float, float], ...]
 
     def __post_init__(self) -> None:
@@ -95,6 +108,67 @@ class MetricPrivacyEvent(PrivacyEvent):
 
 
 @dataclass(frozen=True)
+class NeighbourhoodEvent(PrivacyEvent):
+    """A Euclidean Laplace release under the neighbourhood calibration, from public numbers only.
+
+    Under that calibration a block of ``n`` parameters gets ε = n/(ν‖δ‖) and is
+    reported at the radius ‖δ‖, so its cost ε·‖δ‖ is n/ν whatever ‖δ‖ is. Computing
+    it as the product ε·‖δ‖ would give n/ν only up to the last bits, and those bits
+    would depend on ‖δ‖: a spend reported from such costs leaks about one bit of
+    private data per release. This event therefore records only what is public, the
+    block sizes and ν, and its :attr:`cost` is a function of them alone: two releases
+    with the same ``(dimensions, noise_multiplier)`` have bit-identical costs.
+
+    Parameters
+    ----------
+    dimensions : tuple of int
+        The parameter count of each sanitized block: one entry for the whole
+        model, or one per non-empty layer with ``per_layer``; each >= 1.
+    noise_multiplier : float
+        ν > 0 and finite.
+    """
+
+    kind: ClassVar[str] = "neighbourhood"
+    family: ClassVar[str] = "d-privacy"
+    dimensions: tuple[int, ...]
+    noise_multiplier: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dimensions, (str, bytes)) or not hasattr(self.dimensions, "__iter__"):
+            raise TypeError(
+                "dimensions must be a sequence of positive integers, "
+                f"got dimensions={self.dimensions!r}"
+            )
+        dims = tuple(check_positive_int("dimensions", n) for n in self.dimensions)
+        object.__setattr__(self, "dimensions", dims)
+        nu = check_positive_finite("noise_multiplier", self.noise_multiplier)
+        object.__setattr__(self, "noise_multiplier", nu)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check there is at least one block, every size >= 1 and ν positive and finite."""
+        if not self.dimensions:
+            raise ValueError("dimensions must hold at least one block size, got dimensions=()")
+        for n in self.dimensions:
+            check_positive_int("dimensions", n)
+        check_positive_finite("noise_multiplier", self.noise_multiplier)
+
+    @property
+    def cost(self) -> float:
+        """The d-privacy cost of the release: Σ_l n_l/ν over the blocks."""
+        nu = self.noise_multiplier
+        return math.fsum(n / nu for n in self.dimensions)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return ``{"kind": "neighbourhood", "dimensions": [n, ...], "noise_multiplier": ν}``."""
+        return {
+            "kind": self.kind,
+            "dimensions": list(self.dimensions),
+            "noise_multiplier": self.noise_multiplier,
+        }
+
+
+@dataclass(frozen=True)
 class GaussianReleaseEvent(PrivacyEvent):
     """One Gaussian release; ``noise_multiplier`` = sigma / (L2 sensitivity of the clipped update).
 
@@ -102,6 +176,7 @@ class GaussianReleaseEvent(PrivacyEvent):
     """
 
     kind: ClassVar[str] = "gaussian"
+    family: ClassVar[str] = "rdp"
     noise_multiplier: float
 
     def __post_init__(self) -> None:
@@ -122,6 +197,7 @@ class SignReleaseEvent(GaussianReleaseEvent):
     """One stochastic-sign release: post-processing of a Gaussian release, accounted as one."""
 
     kind: ClassVar[str] = "sign"
+    family: ClassVar[str] = "rdp"
 
 
 @dataclass(frozen=True)
@@ -129,12 +205,19 @@ class NonPrivateEvent(PrivacyEvent):
     """A release without noise: no privacy guarantee at all (infinite cost)."""
 
     kind: ClassVar[str] = "none"
+    family: ClassVar[str] = "none"
 
 
-_KINDS: dict[str, type[PrivacyEvent]] = {
-    cls.kind: cls
-    for cls in (MetricPrivacyEvent, GaussianReleaseEvent, SignReleaseEvent, NonPrivateEvent)
-}
+#: Every event class a ledger knows how to compose, in the order they were introduced.
+EVENT_TYPES: tuple[type[PrivacyEvent], ...] = (
+    MetricPrivacyEvent,
+    NeighbourhoodEvent,
+    GaussianReleaseEvent,
+    SignReleaseEvent,
+    NonPrivateEvent,
+)
+
+_KINDS: dict[str, type[PrivacyEvent]] = {cls.kind: cls for cls in EVENT_TYPES}
 
 
 def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
@@ -155,6 +238,7 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
     fields = {k: v for k, v in d.items() if k != "kind"}
     expected = {
         "metric": {"layers"},
+        "neighbourhood": {"dimensions", "noise_multiplier"},
         "gaussian": {"noise_multiplier"},
         "sign": {"noise_multiplier"},
         "none": set(),
@@ -170,4 +254,11 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
         return MetricPrivacyEvent(
             tuple(tuple(p) if isinstance(p, (list, tuple)) else p for p in layers)
         )
+    if kind == "neighbourhood":
+        dimensions = fields["dimensions"]
+        if not isinstance(dimensions, list):
+            raise TypeError(
+                f"dimensions must be a list of positive integers, got {dimensions!r}"
+            )
+        return NeighbourhoodEvent(tuple(dimensions), fields["noise_multiplier"])
     return _KINDS[kind](**fields)

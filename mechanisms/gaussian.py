@@ -2,9 +2,26 @@
 
 δ = updated − reference is clipped (L2 norm C, or each coordinate to [−c, c]),
 so its replace-one L2 sensitivity is Δ = 2C (or 2c·√n). The release is
-``reference + clip(δ) + N(0, σ² I)`` with σ = z·Δ, where the noise multiplier z
-is calibrated once, with dp-accounting's RDP accountant, so that the client's
-``planned_releases`` releases compose to its (ε, δ) target.
+``reference + clip(δ) + N(0, σ² I)`` with σ = z·(Δ + D), where the noise
+multiplier z is calibrated once, with dp-accounting's RDP accountant, so that the
+client's ``planned_releases`` releases compose to its (ε, δ) target, and D is the
+``spread`` of the hypotheses the server sent (0 for one hypothesis).
+
+Why Δ + D. With k ≥ 2 hypotheses θ_1..θ_k the client picks the one that fits its
+data best, so ``reference`` itself depends on the private data. Write the release
+as f(X) + N(0, σ² I) with f(X) = θ_{j(X)} + clip(δ(X)). For any two local data
+sets X_a, X_b, whatever hypotheses θ_a = θ_{j(X_a)} and θ_b = θ_{j(X_b)} they
+lead to,
+
+    ‖f(X_a) − f(X_b)‖ ≤ ‖θ_a − θ_b‖ + ‖clip(δ_a) − clip(δ_b)‖ ≤ D + Δ,
+
+with D = max_{i,j} ‖θ_i − θ_j‖ (public: the server sent the hypotheses). A
+Gaussian with σ = z·(D + Δ) is therefore the Gaussian mechanism with noise
+multiplier z on a function of L2 sensitivity D + Δ, whose RDP curve α/(2z²) is
+what dp-accounting composes for ``GaussianDpEvent(z)``; the event, and so the
+charged cost, does not change with D. This holds for any hypotheses the server
+sends, and composes over rounds even though the server chooses the next
+hypotheses after seeing the earlier releases (RDP composes adaptively).
 """
 
 from __future__ import annotations
@@ -17,6 +34,7 @@ import numpy as np
 from mechanisms._validation import (
     check_choice,
     check_generator,
+    check_non_negative_finite,
     check_open_unit,
     check_positive_finite,
     check_positive_int,
@@ -76,9 +94,25 @@ class _ClippedGaussianBase(Mechanism):
             planned_releases=settings["planned_releases"],
         )
 
-    def sigma(self, n: int) -> float:
-        """Absolute per-coordinate noise std for an update of ``n`` coordinates: z·Δ."""
-        return self.noise_multiplier * l2_sensitivity(self.clip_mode, self.clip, n)
+    #: Whether the release is centred on ``reference`` and so must cover the spread.
+    _CENTRED_ON_REFERENCE: ClassVar[bool] = True
+
+    def sigma(self, n: int, spread: float = 0.0) -> float:
+        """Return the per-coordinate noise std for ``n`` coordinates: z·(Δ + spread).
+
+        Parameters
+        ----------
+        n : int
+            The number of coordinates of the update.
+        spread : float
+            The hypotheses' diameter D, >= 0 and finite (see the module notes).
+
+        Returns
+        -------
+        float
+        """
+        spread = check_non_negative_finite("spread", spread)
+        return self.noise_multiplier * (l2_sensitivity(self.clip_mode, self.clip, n) + spread)
 
     def _clipped_delta(
         self, ref: list[np.ndarray], upd: list[np.ndarray]
@@ -89,13 +123,21 @@ class _ClippedGaussianBase(Mechanism):
         return clip_elementwise(delta, self.clip)
 
     def public_metrics(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        spread: float = 0.0,
     ) -> dict[str, float]:
-        """Return ``sigma`` = z·Δ, and the client's (ε, δ) target as the budget."""
+        """Return ``sigma`` (z·(Δ + spread), or z·Δ where the spread does not enter).
+
+        The budget keys are the client's (ε, δ) target.
+        """
+        spread = check_non_negative_finite("spread", spread)
         _, upd = self._check(reference, updated)
         n = sum(u.size for u in upd)
         return {
-            "sigma": self.sigma(n),
+            "sigma": self.sigma(n, spread if self._CENTRED_ON_REFERENCE else 0.0),
             "budget-epsilon": self.epsilon,
             "budget-delta": self.delta,
         }
@@ -103,6 +145,10 @@ class _ClippedGaussianBase(Mechanism):
 
 class GaussianMechanism(_ClippedGaussianBase):
     """Gaussian noise on the clipped update: ``reference + clip(δ) + N(0, σ²)``.
+
+    σ = z·(Δ + spread), with ``spread`` the diameter of the hypotheses the server
+    sent (an argument of :meth:`sanitize`), so that the guarantee holds although
+    ``reference`` was chosen with private data (see the module notes).
 
     Parameters
     ----------
@@ -137,14 +183,19 @@ class GaussianMechanism(_ClippedGaussianBase):
         updated: Sequence[np.ndarray],
         *,
         rng: np.random.Generator,
+        spread: float = 0.0,
     ) -> list[np.ndarray]:
-        """Return ``reference + clip(updated − reference) + N(0, σ² I)`` in ``updated``'s dtypes."""
+        """Return ``reference + clip(updated − reference) + N(0, σ² I)`` in ``updated``'s dtypes.
+
+        σ = z·(Δ + ``spread``); ``spread`` is the hypotheses' diameter (0 for one).
+        """
         check_generator(rng)
+        spread = check_non_negative_finite("spread", spread)
         ref, upd = self._check(reference, updated)
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)
         noise = rng.standard_normal(n)
-        noise *= self.sigma(n)
+        noise *= self.sigma(n, spread)
         out = []
         offset = 0
         for r, d, u in zip(ref, clipped, upd, strict=True):

@@ -7,6 +7,13 @@ and its direction is uniform on the sphere, independent of the norm, so
 * each coordinate has mean 0 and variance (n+1)/ε² (Lemma 2 of the extended paper),
 * adding ρ to x is ε-d-private: for any x, x′ and any set S of outputs,
   P[x + ρ ∈ S] ≤ exp(ε‖x − x′‖) · P[x′ + ρ ∈ S].
+
+The guarantee is on the released point itself: two trained models x, x′ are
+indistinguishable up to exp(ε‖x − x′‖), wherever they came from. With k ≥ 2
+hypotheses the client trains the one it picked with its private loss, so the
+choice of hypothesis is protected only at the scale of the distance between
+hypotheses (well-separated hypotheses are told apart easily); no ``spread`` enters
+the calibration.
 """
 
 from __future__ import annotations
@@ -23,11 +30,12 @@ from mechanisms._validation import (
     check_bool,
     check_choice,
     check_generator,
+    check_non_negative_finite,
     check_positive_finite,
     check_positive_int,
 )
 from mechanisms.base import Mechanism, _require
-from mechanisms.events import MetricPrivacyEvent
+from mechanisms.events import MetricPrivacyEvent, NeighbourhoodEvent
 
 CALIBRATIONS = ("neighbourhood", "fixed")
 
@@ -45,7 +53,7 @@ def sample_euclidean_laplace(n: int, epsilon: float, rng: np.random.Generator) -
     epsilon : float
         Privacy parameter per unit of Euclidean distance, > 0 and finite.
     rng : numpy.random.Generator
-        Source of randomness (see :func:`mechanisms.make_rng`).
+        Source of randomness (on a device: :func:`mechanisms.device_rng`).
 
     Returns
     -------
@@ -90,7 +98,6 @@ class _Block:
     layers: tuple[int, ...]
     size: int
     epsilon: float  # 0.0 means: no noise (the zero-radius case of the neighbourhood calibration)
-    pair: tuple[float, float]  # (epsilon, radius) charged to the ledger
 
 
 class EuclideanLaplace(Mechanism):
@@ -106,12 +113,16 @@ class EuclideanLaplace(Mechanism):
         ``"neighbourhood"`` (the paper's heuristic): with δ = updated − reference
         over ``n`` parameters, ε = n / (ν‖δ‖), so that E‖ρ‖ = ν‖δ‖ and every model
         within ‖δ‖ of the released one is indistinguishable up to e^{n/ν}. Each
-        release costs n/ν. Caveat: the noise scale depends on the data; the norm of
+        release costs n/ν, recorded as a
+        :class:`~mechanisms.events.NeighbourhoodEvent` of the block sizes and ν
+        alone (never of ‖δ‖, whose last bits would otherwise show in the reported
+        spend). Caveat: the noise scale depends on the data; the norm of
         the noise concentrates around ν‖δ‖ (relative spread 1/√n), so the release
         reveals ‖δ‖ approximately; ``sigma`` in :meth:`public_metrics` is
         proportional to ‖δ‖ and reveals it exactly to whoever sees the metrics.
         ``"fixed"``: ε is given, no data-dependent scale and no ‖δ‖ leak; the cost
-        is reported as ε·r at the public radius r.
+        is reported as ε·r at the public radius r (a
+        :class:`~mechanisms.events.MetricPrivacyEvent`: both numbers are public).
     noise_multiplier : float, optional
         ν > 0 (neighbourhood only). Larger is more private.
     epsilon : float, optional
@@ -131,9 +142,13 @@ class EuclideanLaplace(Mechanism):
     is drawn. This is the limit of the heuristic as ‖δ‖ → 0 and matches its
     definition (a neighbourhood of radius 0 protects nothing beyond itself), but it
     tells the server that training did not move the model and which hypothesis the
-    client started from. The cost n/ν is still charged, recorded in the event as
-    the pair (ε, r) = (n/ν, 1.0) so that the ledger holds finite numbers. The same
-    applies when ‖δ‖ is so small (subnormal) that ε would overflow.
+    client started from. The cost n/ν is still charged, by the same event as for
+    any other ‖δ‖. The same applies when ‖δ‖ is so small (subnormal) that ε would
+    overflow.
+
+    **k ≥ 2 hypotheses**: d-privacy is a guarantee on the released point itself, so
+    the choice of hypothesis (made with private data) is protected only at the scale
+    of the distance between hypotheses; ``spread`` is validated and ignored.
     """
 
     name: ClassVar[str] = "laplace"
@@ -196,35 +211,44 @@ class EuclideanLaplace(Mechanism):
             return cls(noise_multiplier=settings["noise_multiplier"], per_layer=per_layer)
         return cls(calibration=calibration)  # raises the error naming calibration
 
-    def _blocks(self, ref: list[np.ndarray], upd: list[np.ndarray]) -> list[_Block]:
+    def _groups(self, upd: list[np.ndarray]) -> list[tuple[int, ...]]:
+        """Return the groups of layers sanitized together: all, or each non-empty layer alone."""
         if self.per_layer:
-            groups: list[tuple[int, ...]] = [(i,) for i in range(len(upd)) if upd[i].size > 0]
-        else:
-            groups = [tuple(range(len(upd)))]
+            return [(i,) for i in range(len(upd)) if upd[i].size > 0]
+        return [tuple(range(len(upd)))]
+
+    def _blocks(self, ref: list[np.ndarray], upd: list[np.ndarray]) -> list[_Block]:
         blocks = []
-        for group in groups:
+        for group in self._groups(upd):
             size = sum(upd[i].size for i in group)
             if self.calibration == "fixed":
-                assert self.epsilon is not None and self.public_radius is not None
-                blocks.append(_Block(group, size, self.epsilon, (self.epsilon, self.public_radius)))
+                assert self.epsilon is not None
+                blocks.append(_Block(group, size, self.epsilon))
                 continue
             assert self.noise_multiplier is not None
-            radius = _distance(ref, upd, group)
-            scale = self.noise_multiplier * radius  # may underflow to 0 for a subnormal radius
+            scale = self.noise_multiplier * _distance(ref, upd, group)  # may underflow to 0
             epsilon = size / scale if scale > 0.0 else math.inf
-            if math.isfinite(epsilon):
-                blocks.append(_Block(group, size, epsilon, (epsilon, radius)))
-            else:
-                # ‖δ‖ = 0: release unchanged, still charge n/ν (see the class notes).
-                blocks.append(_Block(group, size, 0.0, (size / self.noise_multiplier, 1.0)))
+            # ‖δ‖ = 0 (or subnormal): release unchanged (see the class notes).
+            blocks.append(_Block(group, size, epsilon if math.isfinite(epsilon) else 0.0))
         return blocks
 
     def event(
         self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> MetricPrivacyEvent:
-        """Return the d-privacy event: one (ε, radius) pair per sanitized block."""
-        ref, upd = self._check(reference, updated)
-        return MetricPrivacyEvent(tuple(b.pair for b in self._blocks(ref, upd)))
+    ) -> MetricPrivacyEvent | NeighbourhoodEvent:
+        """Return the d-privacy event of the release.
+
+        ``NeighbourhoodEvent(block sizes, ν)`` for the neighbourhood calibration
+        (computed from the shapes alone: the values of the models do not enter),
+        ``MetricPrivacyEvent`` with one (ε, r) pair per block for the fixed one.
+        """
+        _, upd = self._check(reference, updated)
+        groups = self._groups(upd)
+        if self.calibration == "neighbourhood":
+            assert self.noise_multiplier is not None
+            sizes = tuple(sum(upd[i].size for i in group) for group in groups)
+            return NeighbourhoodEvent(sizes, self.noise_multiplier)
+        assert self.epsilon is not None and self.public_radius is not None
+        return MetricPrivacyEvent(tuple((self.epsilon, self.public_radius) for _ in groups))
 
     def sanitize(
         self,
@@ -232,9 +256,15 @@ class EuclideanLaplace(Mechanism):
         updated: Sequence[np.ndarray],
         *,
         rng: np.random.Generator,
+        spread: float = 0.0,
     ) -> list[np.ndarray]:
-        """Return ``updated + ρ``, arrays with the shapes and dtypes of ``updated``."""
+        """Return ``updated + ρ``, arrays with the shapes and dtypes of ``updated``.
+
+        ``spread`` (the hypotheses' diameter) is validated and ignored: the
+        guarantee is on the released point itself (see the class notes).
+        """
         check_generator(rng)
+        check_non_negative_finite("spread", spread)
         ref, upd = self._check(reference, updated)
         out: list[np.ndarray | None] = [None] * len(upd)
         for block in self._blocks(ref, upd):
@@ -253,7 +283,11 @@ class EuclideanLaplace(Mechanism):
         return [u.copy() if o is None else o for o, u in zip(out, upd, strict=True)]
 
     def public_metrics(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        spread: float = 0.0,
     ) -> dict[str, float]:
         """Return ``sigma`` (per-coordinate noise std), ``budget-epsilon`` = ``budget-delta`` = 0.
 
@@ -261,7 +295,9 @@ class EuclideanLaplace(Mechanism):
         different scales; ``sigma`` is their root mean square over coordinates,
         √(Σ_l n_l σ_l² / n), so that n·sigma² = E‖ρ‖², the same identity as for one
         block. Layers released without noise (‖δ_l‖ = 0) count as σ_l = 0.
+        ``spread`` is validated and ignored, as in :meth:`sanitize`.
         """
+        check_non_negative_finite("spread", spread)
         ref, upd = self._check(reference, updated)
         blocks = self._blocks(ref, upd)
         total = sum(b.size for b in blocks)

@@ -5,32 +5,47 @@ The ledger lives on the client's own disk (never sent anywhere) as one JSON file
     {
       "format": "gpfl-privacy-ledger",
       "version": 1,
+      "generation": 5,                 # writes so far (absent in older files: events + declines)
       "delta": 1e-05,                  # the δ at which the last writer reported (ε, δ)
       "declines": 2,                   # rounds declined because of the cap
       "events": [
         {"time": "2025-01-01T12:00:00+00:00", "round": 3,
-         "event": {"kind": "metric", "layers": [[0.8, 0.5]]}},
+         "event": {"kind": "neighbourhood", "dimensions": [7850], "noise_multiplier": 5.0}},
+        {"time": "...", "round": 4, "event": {"kind": "metric", "layers": [[0.8, 0.5]]}},
         {"time": "...", "round": null, "event": {"kind": "gaussian", "noise_multiplier": 25.6}}
       ]
     }
 
-Composition:
+Composition, by the event's family (:mod:`mechanisms.events`); a family's spend is
+compared only with a cap in its own unit:
 
-* d-privacy (``metric`` events, Euclidean Laplace): costs add, Σ ε·r (Theorem 3.1
-  of Galli et al.), reported as ``Spend.d_privacy``;
-* ``gaussian`` and ``sign`` events (a sign release is post-processing of a Gaussian
-  one): composed by dp-accounting's ``RdpAccountant`` (events grouped by noise
-  multiplier as ``SelfComposedDpEvent``) into ``Spend.epsilon`` at the ledger's δ;
-* ``none`` events (no noise) are counted as releases; they carry no guarantee,
-  so no cap can admit them.
+* ``"d-privacy"`` (``neighbourhood`` and ``metric`` events, Euclidean Laplace):
+  costs add, Σ ε·r (Theorem 3.1 of Galli et al.), reported as ``Spend.d_privacy``;
+* ``"rdp"`` (``gaussian`` and ``sign`` events; a sign release is post-processing of
+  a Gaussian one): composed by dp-accounting's ``RdpAccountant`` (events grouped by
+  noise multiplier as ``SelfComposedDpEvent``) into ``Spend.epsilon`` at the
+  ledger's δ;
+* ``"none"`` (``none`` events, no noise): counted as releases; they carry no
+  guarantee, so no cap admits them, only ``cap=None``.
 
-Every change happens under an exclusive ``fcntl.flock`` on a sidecar file
+Every change happens under an exclusive ``fcntl.flock`` on the sidecar file
 ``<ledger>.lock``; the file is re-read under the lock, the change checked, then
 written to a temporary file in the same folder, flushed, fsync'ed, moved over the
 ledger with ``os.replace`` and the folder fsync'ed. A charge therefore is on disk
 before :meth:`PrivacyLedger.charge` returns, i.e. before the caller releases
-anything, and a crash leaves either the old or the new file. A missing file is an
-empty ledger; an unreadable one is never reset (:class:`LedgerCorruptError`).
+anything, and a crash leaves either the old or the new file. Temporary files left
+by a writer that was killed are removed by the next write.
+
+The ledger's spend must never go back to zero by accident. After each write the
+lock file records the ledger's generation (how many writes it has seen), and it
+survives the ledger file's deletion. Every read compares the two: a ledger that is
+missing although the lock file records writes (:class:`LedgerMissingError`), or
+whose generation is below the recorded one, i.e. an older copy put back
+(:class:`LedgerRollbackError`), is refused, as is an unreadable one
+(:class:`LedgerCorruptError`). Only a ledger with neither file starts empty. To
+start a new budget deliberately, remove both files. (Removing the whole folder
+removes both too: the lock file guards against losing the ledger file, not the
+folder.)
 """
 
 from __future__ import annotations
@@ -51,24 +66,37 @@ from typing import Any
 from mechanisms._validation import check_open_unit, check_real
 from mechanisms.calibration import composed_gaussian_epsilon
 from mechanisms.events import (
+    EVENT_TYPES,
     GaussianReleaseEvent,
     MetricPrivacyEvent,
+    NeighbourhoodEvent,
     NonPrivateEvent,
     PrivacyEvent,
-    SignReleaseEvent,
     event_from_dict,
 )
 
 FORMAT = "gpfl-privacy-ledger"
+# Version 1 files without "generation" or "neighbourhood" events are still version 1:
+# both are additive, and a reader that does not know the new kind refuses the file.
 VERSION = 1
-DEFAULT_LEDGER_DIR = "~/.gpfl/ledgers"
 
 # A cap is compared with a sum of floats: 6 releases of 0.4 sum to 2.4000000000000004.
 # This relative slack keeps such a release inside a cap of 2.4; it is far below any
 # meaningful privacy difference.
 _CAP_RTOL = 1e-9
 
-_KNOWN_EVENTS = (MetricPrivacyEvent, GaussianReleaseEvent, SignReleaseEvent, NonPrivateEvent)
+_KNOWN_EVENTS: tuple[type[PrivacyEvent], ...] = EVENT_TYPES
+
+# The generation record in the lock file: fixed width, so that every write is one
+# pwrite of the same length at offset 0 (it lands in one disk sector and needs no
+# truncation that a crash could leave half done).
+_GENERATION_RECORD = re.compile(rb"gpfl-privacy-ledger generation (\d{20})\n")
+_GENERATION_TEMPLATE = "gpfl-privacy-ledger generation {:020d}\n"
+
+# tempfile.mkstemp names its files prefix + 8 characters of [a-z0-9_] + suffix.
+# Matching exactly that keeps the cleanup off any other file, including the
+# temporaries of a ledger whose name merely starts with this one's.
+_MKSTEMP_RANDOM = "[a-z0-9_]{8}"
 
 
 class BudgetExceededError(Exception):
@@ -95,11 +123,20 @@ class BudgetExceededError(Exception):
 
 
 class LedgerCorruptError(RuntimeError):
-    """The ledger file exists but cannot be read; it is left as it is, never reset."""
+    """The ledger cannot be trusted; it is left as it is, never reset.
 
-    def __init__(self, path: Path, reason: str) -> None:
+    Attributes
+    ----------
+    path : pathlib.Path
+        The ledger file.
+    reason : str
+        What is wrong with it.
+    """
+
+    def __init__(self, path: Path, reason: str, *, message: str | None = None) -> None:
         super().__init__(
-            f"privacy ledger {path} is corrupt or unreadable ({reason}); it will not be "
+            message
+            or f"privacy ledger {path} is corrupt or unreadable ({reason}); it will not be "
             "reset, since that would forget releases already made: restore it from a "
             "backup, or move it away deliberately to start a new budget"
         )
@@ -107,9 +144,66 @@ class LedgerCorruptError(RuntimeError):
         self.reason = reason
 
 
+class LedgerMissingError(LedgerCorruptError):
+    """The ledger file is gone although its lock file records writes to it.
+
+    Attributes
+    ----------
+    recorded : int
+        The generation the lock file records.
+    lock_path : pathlib.Path
+        The lock file.
+    """
+
+    def __init__(self, path: Path, *, recorded: int, lock_path: Path) -> None:
+        reason = f"the file is missing, but {lock_path} records {recorded} writes to it"
+        super().__init__(
+            path,
+            reason,
+            message=(
+                f"privacy ledger {path} is missing, but {lock_path} records {recorded} "
+                "writes to it: it is refused rather than restarted at zero, which would "
+                "forget releases already made. Restore it from a backup; to start a new "
+                f"budget deliberately, remove both {path} and {lock_path}"
+            ),
+        )
+        self.recorded = recorded
+        self.lock_path = lock_path
+
+
+class LedgerRollbackError(LedgerCorruptError):
+    """The ledger file is an older copy: its generation is below the one recorded.
+
+    Attributes
+    ----------
+    found : int
+        The generation of the ledger file.
+    recorded : int
+        The generation the lock file records.
+    lock_path : pathlib.Path
+        The lock file.
+    """
+
+    def __init__(self, path: Path, *, found: int, recorded: int, lock_path: Path) -> None:
+        reason = f"generation {found}, but {lock_path} records {recorded}"
+        super().__init__(
+            path,
+            reason,
+            message=(
+                f"privacy ledger {path} is at generation {found}, but {lock_path} records "
+                f"{recorded} writes: it is an older copy and is refused, since it would "
+                "forget releases already made. Put the newest copy back; to start a new "
+                f"budget deliberately, remove both {path} and {lock_path}"
+            ),
+        )
+        self.found = found
+        self.recorded = recorded
+        self.lock_path = lock_path
+
+
 @dataclass(frozen=True)
 class Spend:
-    """What a client has spent so far.
+    """What a client has spent so far, one figure per family (never added together).
 
     Attributes
     ----------
@@ -152,6 +246,10 @@ class _State:
     entries: tuple[LedgerEntry, ...]
     declines: int
     delta: float | None
+    generation: int
+
+
+_EMPTY = _State((), 0, None, 0)
 
 
 class PrivacyLedger:
@@ -160,21 +258,23 @@ class PrivacyLedger:
     Parameters
     ----------
     path : str or pathlib.Path
-        The ledger file; its folder is created on the first write.
+        The ledger file; its folder is created on the first write. The lock file
+        ``<path>.lock`` lives beside it.
     delta : float
         The δ, in (0, 1), at which Gaussian and sign releases are reported as (ε, δ).
 
     Raises
     ------
     LedgerCorruptError
-        If the file exists and cannot be parsed (checked when the ledger is opened
-        and on every later read).
+        If the file exists and cannot be parsed, or (:class:`LedgerMissingError`,
+        :class:`LedgerRollbackError`) if it is missing or older than the writes its
+        lock file records. Checked when the ledger is opened and on every later read.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, delta: float) -> None:
         self.path = Path(path).expanduser()
         self.delta = check_open_unit("delta", delta)
-        self._lock_path = self.path.with_name(self.path.name + ".lock")
+        self._lock_path = _lock_path(self.path)
         self._read()
 
     def __repr__(self) -> str:
@@ -206,10 +306,17 @@ class PrivacyLedger:
         event : PrivacyEvent
             What the release costs (``Mechanism.event``).
         cap : float or None
-            ``None``: no cap. Otherwise a finite bound >= 0 on the spend of the
-            event's kind: Σ ε·r for a ``MetricPrivacyEvent``, the RDP-composed ε at
-            the ledger's δ for Gaussian and sign events. A ``NonPrivateEvent`` has
-            no finite cost, so any cap refuses it.
+            The bound on the spend of the event's family, in that family's unit,
+            compared with that family's spend alone:
+
+            * ``event.family == "d-privacy"``: Σ ε·r over every d-privacy release;
+            * ``event.family == "rdp"``: the RDP-composed ε, at the ledger's δ, of
+              every Gaussian and sign release;
+            * ``event.family == "none"``: a release without noise has no finite
+              cost, so any cap refuses it.
+
+            ``None``: no cap (for a ``NonPrivateEvent``: the device explicitly
+            allows the non-private baseline). Otherwise finite and >= 0.
         round : int or None
             The server round, stored for the record.
 
@@ -217,6 +324,8 @@ class PrivacyLedger:
         ------
         BudgetExceededError
             The release would pass the cap (the file is left untouched).
+        LedgerCorruptError
+            The ledger is unreadable, missing or rolled back (nothing is written).
         TypeError, ValueError
             An unknown event type, non-finite event parameters, a bad cap or round.
         """
@@ -237,26 +346,26 @@ class PrivacyLedger:
         ):
             raise ValueError(f"round must be a non-negative integer or None, got round={round!r}")
         entry = LedgerEntry(event, _now(), round)
-        with self._locked():
-            state = self._read()
+        with self._locked() as lock_fd:
+            state = self._read_locked(lock_fd)
             if cap is not None:
                 self._check_cap(state, event, cap)
-            new = _State((*state.entries, entry), state.declines, self.delta)
-            self._write(new)
+            new = _State((*state.entries, entry), state.declines, self.delta, state.generation + 1)
+            self._write(new, lock_fd)
         return self._spend(new)
 
     def record_decline(self) -> Spend:
         """Count one declined round (persisted like a charge); return the spend."""
-        with self._locked():
-            state = self._read()
-            new = _State(state.entries, state.declines + 1, self.delta)
-            self._write(new)
+        with self._locked() as lock_fd:
+            state = self._read_locked(lock_fd)
+            new = _State(state.entries, state.declines + 1, self.delta, state.generation + 1)
+            self._write(new, lock_fd)
         return self._spend(new)
 
     # -- internals ----------------------------------------------------------------------------
 
     def _check_cap(self, state: _State, event: PrivacyEvent, cap: float) -> None:
-        if isinstance(event, NonPrivateEvent):
+        if event.family == "none":
             raise BudgetExceededError(
                 f"a release without noise (mechanism 'none') has no privacy guarantee and "
                 f"cannot fit under any cap (cap={cap!r}); ledger {self.path}",
@@ -264,9 +373,11 @@ class PrivacyLedger:
                 would_spend=math.inf,
                 cap=cap,
             )
-        if isinstance(event, MetricPrivacyEvent):
-            before = _d_privacy(state.entries)
-            after = math.fsum([before, event.cost])
+        if event.family == "d-privacy":
+            costs = [_d_cost(e.event) for e in state.entries if e.event.family == "d-privacy"]
+            before = math.fsum(costs)
+            # The same fsum the spend will report once the entry is written.
+            after = math.fsum([*costs, _d_cost(event)])
             unit = "d-privacy Σ ε·r"
         else:
             groups = _gaussian_groups(state.entries)
@@ -295,30 +406,38 @@ class PrivacyLedger:
         )
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self) -> Iterator[int]:
+        """Hold the exclusive lock; yield the lock file's descriptor (it holds the generation)."""
         import fcntl  # POSIX only; imported here so that `import mechanisms` works anywhere
 
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            yield fd
         finally:
             os.close(fd)  # closing releases the lock
 
     def _read(self) -> _State:
-        # Readers take no lock: os.replace makes every version of the file complete.
-        return _load(self.path)
+        state = _read_checked(self.path, self._lock_path)
+        return _EMPTY if state is None else state
 
-    def _write(self, state: _State) -> None:
+    def _read_locked(self, lock_fd: int) -> _State:
+        recorded = _read_generation(lock_fd, self.path, self._lock_path)
+        state = _checked(self.path, _load(self.path), recorded, self._lock_path)
+        return _EMPTY if state is None else state
+
+    def _write(self, state: _State, lock_fd: int) -> None:
         document = {
             "format": FORMAT,
             "version": VERSION,
+            "generation": state.generation,
             "delta": self.delta,
             "declines": state.declines,
             "events": [e.to_dict() for e in state.entries],
         }
         payload = (json.dumps(document, indent=1, allow_nan=False) + "\n").encode()
+        self._remove_stale_temporaries()
         fd, tmp = tempfile.mkstemp(
             dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
         )
@@ -337,6 +456,27 @@ class PrivacyLedger:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+        # After the ledger, never before: a crash in between leaves the record one
+        # behind the file, which reads as a valid ledger, never as a rollback.
+        _write_generation(lock_fd, state.generation)
+
+    def _remove_stale_temporaries(self) -> None:
+        """Remove temporaries of this ledger left by a writer killed mid-write.
+
+        Called under the exclusive lock, so no writer of this ledger is running and
+        every such file is stale. A file that cannot be removed is left: it is
+        clutter, not a reason to refuse a charge.
+        """
+        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_MKSTEMP_RANDOM}\.tmp")
+        try:
+            listing = os.scandir(self.path.parent)
+        except OSError:
+            return
+        with listing:
+            for item in listing:
+                if pattern.fullmatch(item.name) and item.is_file(follow_symlinks=False):
+                    with _suppress_os_error():
+                        os.unlink(item.path)
 
 
 @contextmanager
@@ -351,8 +491,18 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def _d_cost(event: PrivacyEvent) -> float:
+    if not isinstance(event, (MetricPrivacyEvent, NeighbourhoodEvent)):
+        raise TypeError(f"{event!r} is not a d-privacy event")
+    return event.cost
+
+
 def _d_privacy(entries: tuple[LedgerEntry, ...]) -> float:
-    return math.fsum(e.event.cost for e in entries if isinstance(e.event, MetricPrivacyEvent))
+    return math.fsum(_d_cost(e.event) for e in entries if e.event.family == "d-privacy")
 
 
 def _noise_multiplier(event: PrivacyEvent) -> float:
@@ -361,21 +511,76 @@ def _noise_multiplier(event: PrivacyEvent) -> float:
 
 
 def _gaussian_groups(entries: tuple[LedgerEntry, ...]) -> Counter[float]:
-    return Counter(
-        e.event.noise_multiplier for e in entries if isinstance(e.event, GaussianReleaseEvent)
-    )
+    return Counter(_noise_multiplier(e.event) for e in entries if e.event.family == "rdp")
 
 
 def _reject_constant(name: str) -> float:
     raise ValueError(f"non-finite number {name} in JSON")
 
 
-def _load(path: Path) -> _State:
-    """Read and validate a ledger file; a missing file is an empty ledger."""
+def _read_generation(lock_fd: int, path: Path, lock_path: Path) -> int:
+    """Return the generation the lock file records; 0 if it records none (an empty file)."""
+    raw = os.pread(lock_fd, 256, 0)
+    if not raw:
+        # Never written: a brand-new lock file, or one from a version that kept none.
+        return 0
+    match = _GENERATION_RECORD.fullmatch(raw)
+    if match is None:
+        raise LedgerCorruptError(
+            path,
+            f"its lock file {lock_path} holds {raw[:64]!r}, not a generation record; if the "
+            "ledger itself is the newest copy, removing the lock file lets it be used again",
+        )
+    return int(match.group(1))
+
+
+def _write_generation(lock_fd: int, generation: int) -> None:
+    record = _GENERATION_TEMPLATE.format(generation).encode()
+    os.pwrite(lock_fd, record, 0)
+    os.ftruncate(lock_fd, len(record))  # a no-op but for a lock file someone wrote into
+    os.fsync(lock_fd)
+
+
+def _read_checked(path: Path, lock_path: Path) -> _State | None:
+    """Read the ledger and its recorded generation together; ``None`` for no ledger.
+
+    A shared lock on the lock file keeps a writer from changing either between the
+    two reads. Without a lock file nothing was ever recorded: there is nothing to
+    compare with, and nothing is created just to read.
+    """
+    import fcntl  # POSIX only, as in PrivacyLedger._locked
+
+    try:
+        fd = os.open(lock_path, os.O_RDONLY)
+    except FileNotFoundError:
+        return _checked(path, _load(path), 0, lock_path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        recorded = _read_generation(fd, path, lock_path)
+        return _checked(path, _load(path), recorded, lock_path)
+    finally:
+        os.close(fd)
+
+
+def _checked(path: Path, state: _State | None, recorded: int, lock_path: Path) -> _State | None:
+    """Refuse a ledger that is missing or older than the generation its lock file records."""
+    if state is None:
+        if recorded > 0:
+            raise LedgerMissingError(path, recorded=recorded, lock_path=lock_path)
+        return None
+    if state.generation < recorded:
+        raise LedgerRollbackError(
+            path, found=state.generation, recorded=recorded, lock_path=lock_path
+        )
+    return state
+
+
+def _load(path: Path) -> _State | None:
+    """Read and validate a ledger file; ``None`` if there is none."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        return _State((), 0, None)
+        return None
     try:
         document = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError) as err:
@@ -417,40 +622,16 @@ def _parse(document: Any) -> _State:
         except (TypeError, ValueError) as err:
             raise ValueError(f"event {i}: {err}") from err
         entries.append(LedgerEntry(event, time, rnd))
-    return _State(tuple(entries), declines, delta)
-
-
-_SAFE_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
-
-
-def default_ledger_path(ledger_dir: str, partition_id: int | str) -> Path:
-    """Where a client keeps its ledger: ``<ledger_dir>/client-<partition_id>.json``.
-
-    Parameters
-    ----------
-    ledger_dir : str
-        The folder; ``""`` means ``~/.gpfl/ledgers``. ``~`` is expanded.
-    partition_id : int or str
-        The client's id: a non-negative integer or a name of letters, digits,
-        ``_``, ``-`` and ``.`` (no path separators, not starting with ``.``).
-
-    Returns
-    -------
-    pathlib.Path
-    """
-    if isinstance(partition_id, bool) or not isinstance(partition_id, (int, str)):
-        raise TypeError(
-            f"partition_id must be an int or a str, got partition_id={partition_id!r}"
-        )
-    if isinstance(partition_id, int) and partition_id < 0:
-        raise ValueError(f"partition_id must be non-negative, got partition_id={partition_id!r}")
-    if isinstance(partition_id, str) and not _SAFE_ID.fullmatch(partition_id):
+    # Every write adds one event or one decline, so a file written by this code has
+    # generation == events + declines; files from before the field have exactly that.
+    writes = len(entries) + declines
+    generation = document.get("generation", writes)
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < writes:
         raise ValueError(
-            "partition_id must be letters, digits, '_', '-' or '.' (not starting with '.'), "
-            f"got partition_id={partition_id!r}"
+            f"generation must be an integer >= the {writes} events and declines, "
+            f"got {generation!r}"
         )
-    folder = Path(ledger_dir or DEFAULT_LEDGER_DIR).expanduser()
-    return folder / f"client-{partition_id}.json"
+    return _State(tuple(entries), declines, delta, generation)
 
 
 def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -> str:
@@ -466,14 +647,17 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
     Raises
     ------
     FileNotFoundError
-        If there is no ledger at ``path``.
+        If there is no ledger at ``path`` and none was ever recorded there.
     LedgerCorruptError
-        If the file cannot be parsed.
+        If the file cannot be parsed, or is missing or rolled back
+        (:class:`LedgerMissingError`, :class:`LedgerRollbackError`).
     """
     path = Path(path).expanduser()
-    if not path.is_file():
+    if path.exists() and not path.is_file():
+        raise FileNotFoundError(f"no privacy ledger at {path} (not a file)")
+    state = _read_checked(path, _lock_path(path))
+    if state is None:
         raise FileNotFoundError(f"no privacy ledger at {path}")
-    state = _load(path)
     if delta is None:
         delta = state.delta if state.delta is not None else 1e-5
     delta = check_open_unit("delta", delta)
@@ -485,6 +669,12 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
                 params = "ε={:.6g}, r={:.6g}".format(*event.layers[0])
             else:
                 params = f"{len(event.layers)} layers"
+            cost = f"{event.cost:.6g}"
+        elif isinstance(event, NeighbourhoodEvent):
+            if len(event.dimensions) == 1:
+                params = f"n={event.dimensions[0]}, ν={event.noise_multiplier:.6g}"
+            else:
+                params = f"{len(event.dimensions)} layers, ν={event.noise_multiplier:.6g}"
             cost = f"{event.cost:.6g}"
         elif isinstance(event, GaussianReleaseEvent):
             params, cost = f"z={event.noise_multiplier:.6g}", "-"

@@ -5,6 +5,11 @@ Each coordinate p of the clipped update is released as +1 with probability
 sign(p + N(0, σ²)): the sign of a Gaussian release, i.e. post-processing of it,
 so it costs the same as the Gaussian release with the same σ and is accounted
 the same way (``SignReleaseEvent(noise_multiplier)``).
+
+Unlike the Gaussian release, the sign release is not centred on ``reference``: it
+depends on the data only through clip(δ), which lies within Δ = 2C (or 2c·√n) of
+any other clipped update whichever hypothesis was chosen, so the hypotheses'
+``spread`` does not enter σ (it is validated and ignored).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from mechanisms._validation import check_generator
+from mechanisms._validation import check_generator, check_non_negative_finite
 from mechanisms.events import SignReleaseEvent
 from mechanisms.gaussian import _ClippedGaussianBase
 
@@ -26,9 +31,14 @@ class StochasticSign(_ClippedGaussianBase):
     :class:`~mechanisms.gaussian.GaussianMechanism`. The release holds only ±1,
     in the dtype of each ``updated`` array; the server turns a majority vote of
     signs into a step of its own learning rate.
+
+    ``spread`` is ignored: the release depends on the data only through clip(δ),
+    which is within 2C (L2 clipping) of any other clipped update whatever
+    hypothesis was chosen, so σ = z·Δ already covers the choice of hypothesis.
     """
 
     name: ClassVar[str] = "sign"
+    _CENTRED_ON_REFERENCE: ClassVar[bool] = False
 
     def event(
         self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
@@ -43,12 +53,14 @@ class StochasticSign(_ClippedGaussianBase):
         updated: Sequence[np.ndarray],
         *,
         rng: np.random.Generator,
+        spread: float = 0.0,
     ) -> list[np.ndarray]:
-        """Return ±1 arrays shaped and typed like ``updated``."""
+        """Return ±1 arrays shaped and typed like ``updated`` (``spread`` is ignored)."""
         # scipy.special costs ~0.4 s to import; only this mechanism needs it.
         from scipy.special import ndtr
 
         check_generator(rng)
+        check_non_negative_finite("spread", spread)
         ref, upd = self._check(reference, updated)
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)

@@ -18,8 +18,9 @@ from flwr.server import ServerAppComponents, ServerConfig
 from flwr.serverapp import ServerApp
 
 from mechanisms import make_rng
-from server.results import ROUND_TAG, RunRecorder, parse_optima
+from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
+from settings import parse_optima
 from strategies import ClusteredStrategy
 from tasks import load_task
 
@@ -40,7 +41,7 @@ def _attach_flower_logging() -> None:
 def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, RunRecorder]:
     """Build the strategy and its recorder from a run config."""
     settings = RunSettings.from_run_config(run_config)
-    task = load_task(run_config)
+    task = load_task(settings.task_config())
     rng = make_rng(settings.seed)
     hypotheses = task.initial_hypotheses(settings.num_hypotheses, rng)
     validation = task.validation_datasets()
@@ -48,12 +49,10 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     def evaluate_fn(current: list[list[np.ndarray]]) -> dict[str, float]:
         return task.evaluate(current, validation)
 
-    out_dir = settings.out_dir
-    if not str(run_config.get("out-dir", "")):
-        out_dir = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    out_dir = settings.out_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     task_info: dict[str, Any] = {"name": settings.task, "num_parameters": task.num_parameters}
     if settings.task == "synthetic":
-        task_info["optima"] = parse_optima(str(run_config.get("optima", "")))
+        task_info["optima"] = parse_optima(settings.values["optima"])
     recorder = RunRecorder(out_dir, run_config, settings.num_rounds, settings.mechanism, task_info)
     strategy = ClusteredStrategy(
         initial_hypotheses=hypotheses,

@@ -26,7 +26,7 @@ def parse_pairs(text: str, what: str) -> dict[str, Any]:
 
 
 def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
-    """``--node-config "3:privacy-budget=0.8 epsilon=1"`` → {3: {...}}."""
+    """``--node-config "3:cap-d-privacy=0.8 epsilon=1"`` → {3: {...}}."""
     out: dict[int, dict[str, Any]] = {}
     for item in items:
         index, sep, rest = item.partition(":")
@@ -39,17 +39,24 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    from flwr.common.config import parse_config_args
+
     from server.launcher import LaunchError, describe, launch
 
     run_config: dict[str, Any] = {}
     for text in args.run_config:
         run_config.update(parse_pairs(text, "--run-config"))
+    policy: dict[str, Any] = {}
+    for text in args.policy:
+        policy.update(parse_config_args([text]) if text.endswith(".toml")
+                      else parse_pairs(text, "--policy"))
     try:
         result = launch(
             supernodes=args.supernodes,
             run_config=run_config,
             out_dir=Path(args.out) if args.out else None,
             node_configs=parse_node_configs(args.node_config),
+            policy=policy,
             app_dir=Path(args.app) if args.app else None,
             tls=args.tls,
             auth=args.auth,
@@ -118,7 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-config", action="append", default=[], metavar='"k=v ..."',
                    help="override app settings (keys of [tool.flwr.app.config])")
     p.add_argument("--node-config", action="append", default=[], metavar='"INDEX:k=v ..."',
-                   help="extra node config for SuperNode INDEX (e.g. its privacy-budget)")
+                   help="node config of SuperNode INDEX (its own device settings: "
+                        "cap-d-privacy, mechanisms, ...)")
+    p.add_argument("--policy", action="append", default=[], metavar='"k=v ..." | FILE.toml',
+                   help="device settings every SuperNode applies (its privacy policy: "
+                        "mechanisms, caps, bounds; see docs/SETTINGS.md)")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
     p.add_argument("--tls", action="store_true",

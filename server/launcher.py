@@ -27,6 +27,8 @@ from typing import Any
 from server.certs import TlsFiles
 from server.processes import ProcessSet, bin_dir, child_env
 from server.results import ROUND_TAG, plot_summary
+from settings import SettingError, check_node_config, check_run_config
+from settings.render import toml_value
 
 logger = logging.getLogger(__name__)
 
@@ -73,15 +75,6 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
     raise LaunchError(f"nothing listened on 127.0.0.1:{port} after {timeout:.0f} s")
 
 
-def toml_value(value: Any) -> str:
-    """Format a run-config value in TOML syntax, as ``flwr run --run-config`` wants it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value))
-
-
 def node_config_arg(config: Mapping[str, Any]) -> str:
     """Format a SuperNode's ``--node-config`` argument."""
     return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
@@ -107,6 +100,8 @@ class Federation:
     supernode_ports: dict[int, int] = field(default_factory=dict)
     node_configs: dict[int, dict[str, Any]] = field(default_factory=dict)
     flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
+    #: Environment added to every process (e.g. ``GPFL_POLICY`` for virtual nodes).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     def __enter__(self) -> Federation:
         return self
@@ -153,7 +148,7 @@ class Federation:
         self._write_connection(simulation_supernodes)
 
     def _env(self) -> dict[str, str]:
-        return {"FLWR_HOME": str(self.flwr_home)}
+        return {**self.extra_env, "FLWR_HOME": str(self.flwr_home)}
 
     def _write_connection(self, simulation_supernodes: int = 0) -> None:
         self.flwr_home.mkdir(parents=True, exist_ok=True)
@@ -284,6 +279,7 @@ def launch(
     run_config: Mapping[str, Any] | None = None,
     out_dir: Path | None = None,
     node_configs: Mapping[int, Mapping[str, Any]] | None = None,
+    policy: Mapping[str, Any] | None = None,
     app_dir: Path | None = None,
     tls: bool = False,
     auth: bool = False,
@@ -304,6 +300,11 @@ def launch(
         The run directory (default ``runs/<timestamp>``).
     node_configs : Mapping[int, Mapping[str, Any]], optional
         Extra node config per SuperNode index (its own budget, cap, ledger...).
+    policy : Mapping[str, Any], optional
+        Device settings every SuperNode (or, on the Simulation Engine, every virtual node)
+        applies: written to ``<out>/policy.toml`` and named as their policy file. The launcher
+        plays the device owners of its local federation, so each device's ledger defaults to
+        ``<out>/ledgers`` unless ``ledger-dir`` is given.
     app_dir : Path, optional
         The Flower app (default: this checkout).
     tls : bool
@@ -335,7 +336,27 @@ def launch(
     out.mkdir(parents=True, exist_ok=True)
     config = dict(run_config or {})
     config["out-dir"] = str(out)
-    config.setdefault("ledger-dir", str(out / "ledgers"))
+    device_policy = {"ledger-dir": str(out / "ledgers"), **(policy or {})}
+    nodes = {i: {"partition-id": i, "num-partitions": supernodes,
+                 **(node_configs or {}).get(i, {})} for i in range(supernodes)}
+    try:
+        # Everything is checked before any process starts: a bad key or value fails here,
+        # within a second, naming the key, the value and what is allowed.
+        check_run_config(config)
+        check_node_config(device_policy, source="launch policy")
+        for i, node in nodes.items():
+            check_node_config(node, source=f"node config of SuperNode {i}")
+    except SettingError as err:
+        raise LaunchError(str(err)) from None
+    if simulation and node_configs:
+        raise LaunchError("--node-config needs real SuperNodes; on the Simulation Engine every "
+                          "virtual node applies the launch policy (--policy)")
+    unused = sorted(set(node_configs or {}) - set(nodes))
+    if unused:
+        raise LaunchError(f"--node-config names SuperNodes {unused}, but there are only "
+                          f"{supernodes} (0..{supernodes - 1})")
+    policy_file = out / "policy.toml"
+    policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()))
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -354,16 +375,17 @@ def launch(
         if simulation:
             echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
                  f"logs in {fed.logs}")
+            # Virtual nodes get no node config of their own: their device settings come
+            # from the policy file named by the environment of the process that runs them.
+            fed.extra_env["GPFL_POLICY"] = str(policy_file)
             fed.start_superlink(simulation_supernodes=supernodes)
         else:
             echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")
             fed.start_superlink(extra_args=["--enable-supernode-auth"] if auth else None)
             for key in keys:
                 fed.register_supernode(key.public_key)
-            for i in range(supernodes):
-                node = {"partition-id": i, "num-partitions": supernodes,
-                        "ledger-dir": config["ledger-dir"]}
-                node.update((node_configs or {}).get(i, {}))
+            for i, node in nodes.items():
+                node = {"policy-file": str(policy_file), **node}
                 fed.start_supernode(i, node, extra_args=(
                     ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
         proc = fed.submit(app_dir, config)

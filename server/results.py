@@ -151,11 +151,6 @@ def flat_hypotheses(hypotheses: list[list[np.ndarray]]) -> list[list[float]]:
     ]
 
 
-def parse_optima(text: str) -> list[list[float]]:
-    """Parse the synthetic task's ``optima`` setting as a list of vectors."""
-    return [[float(v) for v in part.split(",")] for part in text.split(";") if part.strip()]
-
-
 def plot_summary(summary: Mapping[str, Any], path: Path) -> Path | None:
     """Draw the run's figure (the paper's Figure 1 for 2-parameter tasks).
 

@@ -1,9 +1,9 @@
-"""The federation's run configuration, validated at the ServerApp's start.
+"""The federation's run configuration, validated at the ServerApp's start (and by `gpfl launch`).
 
-Every key of ``[tool.flwr.app.config]`` is checked here (the client's own part
-through :class:`client.settings.ClientSettings`), so a bad value stops the run
-before any client is contacted, with a message that names the setting and the
-value.
+Each key is checked against its one declaration (:mod:`settings.schema`): unknown keys, keys the
+device owns and bad values are refused with a message naming the key, the value and what is
+allowed. This module adds the checks that span several keys. What each device applies is its own
+business (:mod:`client.policy`): the server cannot know the devices' bounds.
 """
 
 from __future__ import annotations
@@ -13,35 +13,31 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client.settings import (
-    ClientSettings,
-    ConfigError,
-    as_choice,
-    as_float,
-    as_int,
-)
-from strategies import AGGREGATIONS
+from settings import SettingError, check_run_config
 
-__all__ = ["ConfigError", "RunSettings"]
+__all__ = ["RunSettings", "SettingError"]
+
+#: Aggregations that weigh releases by the noise σ their clients declare.
+_NEEDS_SIGMA = ("weighted", "probability", "inverse-variance")
 
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Server-side settings of one run."""
+    """Server-side settings of one run (every key of the run config, checked)."""
 
     task: str
     num_hypotheses: int
     num_rounds: int
     clients_per_round: int
     mechanism: str
+    calibration: str
     aggregation: str
     server_learning_rate: float
     eval_every: int
     patience: int
     seed: int | None
-    out_dir: Path
-    client: ClientSettings
-    raw: dict[str, Any]
+    out_dir: Path | None
+    values: dict[str, Any]
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -49,44 +45,44 @@ class RunSettings:
 
         Raises
         ------
-        ConfigError
-            Naming the first invalid setting and its value.
+        SettingError
+            Naming every invalid setting and its value, or the incompatible combination.
         """
-        client = ClientSettings.from_configs(run_config, {})
-        k = as_int(run_config, "num-hypotheses", minimum=1)
-        mechanism = client.privacy.mechanism
+        v = check_run_config(run_config)
+        k, mechanism, aggregation = v["num-hypotheses"], v["mechanism"], v["aggregation"]
         if mechanism == "sign" and k != 1:
-            raise ConfigError(
+            raise SettingError(
                 "the sign mechanism releases signs, which cannot be clustered: it needs "
                 f"num-hypotheses=1, got num-hypotheses={k}"
             )
-        aggregation = as_choice(run_config, "aggregation", AGGREGATIONS, default="mean")
-        privacy = client.privacy
-        if (aggregation != "mean" and mechanism == "laplace"
-                and privacy.calibration == "neighbourhood") or (
-                aggregation != "mean" and mechanism == "none"):
-            raise ConfigError(
+        declares_sigma = mechanism in ("gaussian", "sign") or (
+            mechanism == "laplace" and v["calibration"] == "fixed"
+        )
+        if aggregation in _NEEDS_SIGMA and not declares_sigma:
+            raise SettingError(
                 f"aggregation={aggregation!r} weighs clients by their declared noise σ, which "
-                f"mechanism={mechanism!r} (calibration={privacy.calibration!r}) does not "
-                "declare (under the neighbourhood calibration σ would reveal ‖δ‖); use "
+                f"mechanism={mechanism!r} (calibration={v['calibration']!r}) does not declare "
+                "(under the neighbourhood calibration σ would reveal ‖δ‖); use "
                 "aggregation='mean', or a gaussian, sign or fixed-calibration laplace mechanism"
             )
-        seed = as_int(run_config, "seed", default=-1)
-        out = str(run_config.get("out-dir", ""))
+        seed = v["seed"]
         return cls(
-            task=str(run_config.get("task", "")),
+            task=v["task"],
             num_hypotheses=k,
-            num_rounds=as_int(run_config, "num-rounds", minimum=1),
-            clients_per_round=as_int(run_config, "clients-per-round", minimum=1),
+            num_rounds=v["num-rounds"],
+            clients_per_round=v["clients-per-round"],
             mechanism=mechanism,
+            calibration=v["calibration"],
             aggregation=aggregation,
-            server_learning_rate=as_float(
-                run_config, "server-learning-rate", positive=True, default=0.01
-            ),
-            eval_every=as_int(run_config, "eval-every", minimum=1, default=1),
-            patience=as_int(run_config, "patience", minimum=0, default=0),
+            server_learning_rate=v["server-learning-rate"],
+            eval_every=v["eval-every"],
+            patience=v["patience"],
             seed=seed if seed >= 0 else None,
-            out_dir=Path(out).expanduser() if out else Path("runs") / "serverapp",
-            client=client,
-            raw=dict(run_config),
+            out_dir=Path(v["out-dir"]).expanduser() if v["out-dir"] else None,
+            values=v,
         )
+
+    def task_config(self) -> dict[str, Any]:
+        """Return the run config as the ServerApp's task reads it (its own device and data)."""
+        return {**self.values, "device": self.values["server-device"],
+                "data-path": self.values["server-data-path"]}

@@ -21,12 +21,14 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+import settings
 from tasks.base import Dataset, Params, Task
-from tasks.config import TaskSettingsError, get_str
+from tasks.config import TaskSettingsError
 
 __all__ = ["TASKS", "Dataset", "Params", "Task", "TaskSettingsError", "load_task"]
 
-#: Task name -> "module:class"; the class has ``from_run_config(run_config)``.
+#: Task name -> "module:class"; the class has ``from_run_config(config)``. The names are the
+#: choices of the setting ``task`` (a test keeps the two equal).
 TASKS: Mapping[str, str] = {
     "synthetic": "tasks.synthetic:SyntheticTask",
     "fairness": "tasks.fairness:FairnessTask",
@@ -36,14 +38,16 @@ TASKS: Mapping[str, str] = {
 }
 
 
-def load_task(run_config: Mapping[str, Any]) -> Task:
-    """Build the task named by ``run_config["task"]`` (default ``"synthetic"``).
+def load_task(config: Mapping[str, Any]) -> Task:
+    """Build the task named by the setting ``task`` (its schema default when absent).
 
     Parameters
     ----------
-    run_config : Mapping[str, Any]
-        The Flower run config (``context.run_config``); the task reads its own keys from it and
-        uses the defaults of ``pyproject.toml`` for absent ones.
+    config : Mapping[str, Any]
+        The run config, plus the side's own ``device`` and ``data-path``: a client passes its
+        device settings (node config or policy file) under these keys, the ServerApp its
+        ``server-device`` and ``server-data-path``. The task reads its keys with
+        `settings.read`, so an absent key takes the default declared in `settings.schema`.
 
     Returns
     -------
@@ -52,14 +56,13 @@ def load_task(run_config: Mapping[str, Any]) -> Task:
 
     Raises
     ------
-    TaskSettingsError
-        (a ``ValueError``) for an unknown task name or a bad task setting, naming key and value.
+    settings.SettingError
+        (a ``ValueError``) for an unknown task name or a bad setting, naming key, value and what
+        is allowed; its subclass `TaskSettingsError` when a setting does not fit the task or its
+        data.
     """
-    name = get_str(run_config, "task", "synthetic")
-    target = TASKS.get(name)
-    if target is None:
-        raise TaskSettingsError(f"task must be one of {sorted(TASKS)}, got task={name!r}")
-    module_name, class_name = target.split(":")
+    name = settings.read(config, "task")
+    module_name, class_name = TASKS[name].split(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    task: Task = cls.from_run_config(run_config)
+    task: Task = cls.from_run_config(config)
     return task

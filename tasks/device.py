@@ -13,9 +13,7 @@ from tasks.config import TaskSettingsError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEVICES", "configure_torch_threads", "resolve_device"]
-
-DEVICES = ("auto", "cpu", "cuda")
+__all__ = ["configure_torch_threads", "resolve_device"]
 
 #: Environment variable that overrides the torch thread count set by `configure_torch_threads`.
 THREADS_ENV = "GPFL_TORCH_THREADS"
@@ -65,7 +63,7 @@ def resolve_device(name: str) -> torch.device:
                 f"{torch.cuda.device_count()} are visible"
             )
         return device
-    raise TaskSettingsError(f"device must be one of {list(DEVICES)}, got device={name!r}")
+    raise TaskSettingsError(f"device must be auto, cpu, cuda or cuda:N, got device={name!r}")
 
 
 def configure_torch_threads(default: int = 1) -> int:

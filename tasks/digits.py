@@ -35,8 +35,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+import settings
+from settings import SETTINGS
 from tasks.base import Dataset, Params, resolve_users, user_seed
-from tasks.config import TaskSettingsError, get_float, get_int, get_str
+from tasks.config import TaskSettingsError, require_at_least
 from tasks.fairness import evaluate_with_fairness
 from tasks.torch_support import TorchTask, from_arrays, table3_cnn, to_arrays
 
@@ -58,10 +60,10 @@ __all__ = [
 VALIDATION_FRACTION = 0.2
 NUM_CLASSES = 10
 IMAGE_SIZE = 8
-MODELS = ("cnn", "logistic")
-LABELINGS = ("digit", "parity")
-PARTITIONS = ("contiguous", "dirichlet")
-LOSSES = ("cross-entropy", "rmse")
+MODELS = SETTINGS["model"].choices
+LABELINGS = SETTINGS["labels"].choices
+PARTITIONS = SETTINGS["partition"].choices
+LOSSES = SETTINGS["loss"].choices
 #: Redraws of the Dirichlet shares before giving up on a split where every user has an image.
 _DIRICHLET_TRIES = 100
 
@@ -140,6 +142,9 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
 class DigitsTask(TorchTask):
     """Digits classification over users, half of them (in expectation) seeing rotated images.
 
+    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
+    default of `settings.schema` and is checked by it, with the run config's messages.
+
     Parameters
     ----------
     users : int
@@ -170,44 +175,32 @@ class DigitsTask(TorchTask):
     def __init__(
         self,
         *,
-        users: int = 0,
-        validation_users: int = 20,
-        rotate_probability: float = 0.5,
-        data_seed: int = 0,
-        device: str = "auto",
-        model: str = "cnn",
-        partition: str = "contiguous",
-        dirichlet_alpha: float = 0.5,
-        loss: str = "cross-entropy",
-        labels: str = "digit",
+        users: int = SETTINGS["users"].default,
+        validation_users: int = SETTINGS["validation-users"].default,
+        rotate_probability: float = SETTINGS["rotate-probability"].default,
+        data_seed: int = SETTINGS["data-seed"].default,
+        device: str = SETTINGS["device"].default,
+        model: str = SETTINGS["model"].default,
+        partition: str = SETTINGS["partition"].default,
+        dirichlet_alpha: float = SETTINGS["dirichlet-alpha"].default,
+        loss: str = SETTINGS["loss"].default,
+        labels: str = SETTINGS["labels"].default,
     ) -> None:
         super().__init__(device=device)
-        settings = {
-            "users": users,
-            "validation-users": validation_users,
-            "rotate-probability": rotate_probability,
-            "data-seed": data_seed,
-            "dirichlet-alpha": dirichlet_alpha,
-        }
-        for key, value, allowed in (("model", model, MODELS), ("partition", partition, PARTITIONS),
-                                    ("loss", loss, LOSSES), ("labels", labels, LABELINGS)):
-            if value not in allowed:
-                raise TaskSettingsError(
-                    f"{key} must be one of {list(allowed)} for task digits, got {key}={value!r}"
-                )
-        self.model_name = model
-        self.partition = partition
-        self.labels = labels
-        self.num_classes = 2 if labels == "parity" else NUM_CLASSES
-        self.objective = "rmse" if loss == "rmse" else "cross-entropy"
-        self.dirichlet_alpha = get_float(settings, "dirichlet-alpha", 0.5, minimum=1e-6)
+        self.model_name: str = SETTINGS["model"].parse(model)
+        self.partition: str = SETTINGS["partition"].parse(partition)
+        self.labels: str = SETTINGS["labels"].parse(labels)
+        self.objective = SETTINGS["loss"].parse(loss)
+        self.num_classes = 2 if self.labels == "parity" else NUM_CLASSES
+        self.dirichlet_alpha: float = SETTINGS["dirichlet-alpha"].parse(dirichlet_alpha)
         self._splits: dict[int, list[np.ndarray]] = {}
-        self.users = get_int(settings, "users", 0, minimum=0)
-        self.validation_users = get_int(settings, "validation-users", 20, minimum=1)
-        self.rotate_probability = get_float(
-            settings, "rotate-probability", 0.5, minimum=0.0, maximum=1.0
+        self.users: int = SETTINGS["users"].parse(users)
+        self.validation_users = require_at_least(
+            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
+            task=self.name,
         )
-        self.data_seed = get_int(settings, "data-seed", 0, minimum=0)
+        self.rotate_probability: float = SETTINGS["rotate-probability"].parse(rotate_probability)
+        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
         images, _ = _load_digits()
         order = np.random.default_rng(user_seed(self.data_seed, "partition", 0)).permutation(
             images.shape[0]
@@ -217,26 +210,24 @@ class DigitsTask(TorchTask):
         self._validation_images = order[images.shape[0] - num_validation :]
         if self.validation_users > num_validation:
             raise TaskSettingsError(
-                f"validation-users must be <= {num_validation} (one image each at least), "
-                f"got validation-users={self.validation_users}"
+                f"validation-users must be <= {num_validation} for task digits (one image each "
+                f"at least), got validation-users={self.validation_users}"
             )
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> DigitsTask:
         """Build from the run config's digits keys (see the module docstring) and ``device``."""
         return cls(
-            users=get_int(config, "users", 0, minimum=0),
-            validation_users=get_int(config, "validation-users", 20, minimum=1),
-            rotate_probability=get_float(
-                config, "rotate-probability", 0.5, minimum=0.0, maximum=1.0
-            ),
-            data_seed=get_int(config, "data-seed", 0, minimum=0),
-            device=get_str(config, "device", "auto"),
-            model=get_str(config, "model", "cnn"),
-            partition=get_str(config, "partition", "contiguous"),
-            dirichlet_alpha=get_float(config, "dirichlet-alpha", 0.5, minimum=1e-6),
-            loss=get_str(config, "loss", "cross-entropy"),
-            labels=get_str(config, "labels", "digit"),
+            users=settings.read(config, "users"),
+            validation_users=settings.read(config, "validation-users"),
+            rotate_probability=settings.read(config, "rotate-probability"),
+            data_seed=settings.read(config, "data-seed"),
+            device=settings.read(config, "device"),
+            model=settings.read(config, "model"),
+            partition=settings.read(config, "partition"),
+            dirichlet_alpha=settings.read(config, "dirichlet-alpha"),
+            loss=settings.read(config, "loss"),
+            labels=settings.read(config, "labels"),
         )
 
     def model(self) -> nn.Module:

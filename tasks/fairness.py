@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+import settings
+from settings import SETTINGS
 from tasks.base import (
     Dataset,
     Params,
@@ -46,8 +48,8 @@ from tasks.base import (
     resolve_users,
     user_seed,
 )
-from tasks.config import TaskSettingsError, get_float, get_int, get_str
-from tasks.synthetic import DEFAULT_OPTIMA, parse_optima
+from tasks.config import TaskSettingsError, require_at_least
+from tasks.synthetic import optima_array
 
 __all__ = [
     "MINORITY_OFFSET",
@@ -185,6 +187,9 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 class FairnessTask(Task):
     """Logistic regression on a majority and a minority group with opposite labelling rules.
 
+    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
+    default of `settings.schema` and is checked by it, with the run config's messages.
+
     Parameters
     ----------
     optima : array-like or str
@@ -202,48 +207,40 @@ class FairnessTask(Task):
 
     def __init__(
         self,
-        optima: str | Sequence[Sequence[float]] | np.ndarray = DEFAULT_OPTIMA,
+        optima: str | Sequence[Sequence[float]] | np.ndarray = SETTINGS["optima"].default,
         *,
-        users: int = 0,
-        minority_fraction: float = 0.2,
-        samples_per_user: int = 10,
-        validation_users: int = 20,
-        data_seed: int = 0,
+        users: int = SETTINGS["users"].default,
+        minority_fraction: float = SETTINGS["minority-fraction"].default,
+        samples_per_user: int = SETTINGS["samples-per-user"].default,
+        validation_users: int = SETTINGS["validation-users"].default,
+        data_seed: int = SETTINGS["data-seed"].default,
     ) -> None:
-        theta = parse_optima(optima) if isinstance(optima, str) else np.array(optima, dtype=float)
-        if theta.ndim != 2 or theta.shape[0] != 2 or not np.all(np.isfinite(theta)):
+        theta = optima_array(optima)
+        if theta.shape[0] != 2:
             raise TaskSettingsError(
-                "optima must give exactly two finite optima (majority; minority) for the "
-                f"fairness task, got {theta.shape[0] if theta.ndim == 2 else theta.shape} in "
-                f"optima={optima!r}"
+                "optima must give exactly two optima (majority; minority) for task fairness, "
+                f"got {theta.shape[0]} in optima={optima!r}"
             )
-        theta.setflags(write=False)
         self._optima = theta
-        settings = {
-            "users": users,
-            "minority-fraction": minority_fraction,
-            "samples-per-user": samples_per_user,
-            "validation-users": validation_users,
-            "data-seed": data_seed,
-        }
-        self.users = get_int(settings, "users", 0, minimum=0)
-        self.minority_fraction = get_float(
-            settings, "minority-fraction", 0.2, minimum=0.0, maximum=1.0
+        self.users: int = SETTINGS["users"].parse(users)
+        self.minority_fraction: float = SETTINGS["minority-fraction"].parse(minority_fraction)
+        self.samples_per_user: int = SETTINGS["samples-per-user"].parse(samples_per_user)
+        self.validation_users = require_at_least(
+            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
+            task=self.name,
         )
-        self.samples_per_user = get_int(settings, "samples-per-user", 10, minimum=1)
-        self.validation_users = get_int(settings, "validation-users", 20, minimum=1)
-        self.data_seed = get_int(settings, "data-seed", 0, minimum=0)
+        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> FairnessTask:
         """Build from the keys ``optima``, ``users``, ``minority-fraction``, etc."""
         return cls(
-            get_str(config, "optima", DEFAULT_OPTIMA),
-            users=get_int(config, "users", 0, minimum=0),
-            minority_fraction=get_float(config, "minority-fraction", 0.2, minimum=0.0, maximum=1.0),
-            samples_per_user=get_int(config, "samples-per-user", 10, minimum=1),
-            validation_users=get_int(config, "validation-users", 20, minimum=1),
-            data_seed=get_int(config, "data-seed", 0, minimum=0),
+            settings.read(config, "optima"),
+            users=settings.read(config, "users"),
+            minority_fraction=settings.read(config, "minority-fraction"),
+            samples_per_user=settings.read(config, "samples-per-user"),
+            validation_users=settings.read(config, "validation-users"),
+            data_seed=settings.read(config, "data-seed"),
         )
 
     # -- model ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+import settings
+from settings import SETTINGS
 from tasks.base import Dataset, resolve_users, user_seed
-from tasks.config import TaskSettingsError, get_float, get_int, get_str
+from tasks.config import TaskSettingsError, require_at_least, require_data_path
 from tasks.torch_support import TorchTask, table3_cnn
 
 __all__ = ["FemnistTask", "LeafData", "femnist_cnn", "load_leaf"]
@@ -123,10 +126,13 @@ def _load_leaf_cached(stamp: tuple[tuple[str, int, int], ...]) -> LeafData:
 class FemnistTask(TorchTask):
     """FEMNIST character recognition, one LEAF user per partition, rotated users as a group.
 
+    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
+    default of `settings.schema` and is checked by it, with the run config's messages.
+
     Parameters
     ----------
-    data_path : str
-        LEAF JSON file or directory.
+    data_path : str or os.PathLike
+        The setting ``data-path``: a LEAF JSON file or directory.
     users : int
         Training users; 0 means one per Flower partition.
     validation_users : int
@@ -146,34 +152,27 @@ class FemnistTask(TorchTask):
 
     def __init__(
         self,
-        data_path: str,
+        data_path: str | os.PathLike[str],
         *,
-        users: int = 0,
-        validation_users: int = 20,
-        rotate_probability: float = 0.5,
-        data_seed: int = 0,
-        device: str = "auto",
+        users: int = SETTINGS["users"].default,
+        validation_users: int = SETTINGS["validation-users"].default,
+        rotate_probability: float = SETTINGS["rotate-probability"].default,
+        data_seed: int = SETTINGS["data-seed"].default,
+        device: str = SETTINGS["device"].default,
         kernel_size: int = 3,
     ) -> None:
         super().__init__(device=device)
-        if not str(data_path).strip():
-            raise TaskSettingsError(
-                "data-path must name the LEAF FEMNIST JSON files for task femnist, got data-path=''"
-            )
-        settings = {
-            "users": users,
-            "validation-users": validation_users,
-            "rotate-probability": rotate_probability,
-            "data-seed": data_seed,
-        }
-        self.users = get_int(settings, "users", 0, minimum=0)
-        self.validation_users = get_int(settings, "validation-users", 20, minimum=1)
-        self.rotate_probability = get_float(
-            settings, "rotate-probability", 0.5, minimum=0.0, maximum=1.0
+        self.data_path = require_data_path(
+            data_path, task=self.name, what="the LEAF FEMNIST JSON files"
         )
-        self.data_seed = get_int(settings, "data-seed", 0, minimum=0)
+        self.users: int = SETTINGS["users"].parse(users)
+        self.validation_users = require_at_least(
+            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
+            task=self.name,
+        )
+        self.rotate_probability: float = SETTINGS["rotate-probability"].parse(rotate_probability)
+        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
         self.kernel_size = kernel_size
-        self.data_path = str(data_path)
         self._data = load_leaf(self.data_path)
         if self.validation_users >= len(self._data.users):
             raise TaskSettingsError(
@@ -185,14 +184,12 @@ class FemnistTask(TorchTask):
     def from_run_config(cls, config: Mapping[str, Any]) -> FemnistTask:
         """Build from ``data-path``, ``users``, ``validation-users``, ``rotate-probability``."""
         return cls(
-            get_str(config, "data-path", ""),
-            users=get_int(config, "users", 0, minimum=0),
-            validation_users=get_int(config, "validation-users", 20, minimum=1),
-            rotate_probability=get_float(
-                config, "rotate-probability", 0.5, minimum=0.0, maximum=1.0
-            ),
-            data_seed=get_int(config, "data-seed", 0, minimum=0),
-            device=get_str(config, "device", "auto"),
+            settings.read(config, "data-path"),
+            users=settings.read(config, "users"),
+            validation_users=settings.read(config, "validation-users"),
+            rotate_probability=settings.read(config, "rotate-probability"),
+            data_seed=settings.read(config, "data-seed"),
+            device=settings.read(config, "device"),
         )
 
     def model(self) -> nn.Module:

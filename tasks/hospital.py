@@ -35,6 +35,7 @@ import csv
 import functools
 import logging
 import math
+import os
 import re
 from collections import defaultdict
 from collections.abc import Mapping
@@ -45,8 +46,10 @@ from typing import Any
 import numpy as np
 from torch import nn
 
+import settings
+from settings import SETTINGS
 from tasks.base import Dataset, resolve_users, user_seed
-from tasks.config import TaskSettingsError, get_int, get_str
+from tasks.config import TaskSettingsError, require_data_path
 from tasks.torch_support import TorchTask
 
 __all__ = [
@@ -239,10 +242,13 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> HospitalData:
 class HospitalTask(TorchTask):
     """Predict a service's average total payment from the service and the provider's location.
 
+    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
+    default of `settings.schema` and is checked by it, with the run config's messages.
+
     Parameters
     ----------
-    data_path : str
-        The CMS CSV.
+    data_path : str or os.PathLike
+        The setting ``data-path``: the CMS CSV.
     users : int
         Training providers; 0 means one per Flower partition.
     validation_users : int
@@ -259,24 +265,21 @@ class HospitalTask(TorchTask):
 
     def __init__(
         self,
-        data_path: str,
+        data_path: str | os.PathLike[str],
         *,
-        users: int = 0,
-        validation_users: int = 0,
-        data_seed: int = 0,
-        device: str = "auto",
+        users: int = SETTINGS["users"].default,
+        validation_users: int = SETTINGS["validation-users"].default,
+        data_seed: int = SETTINGS["data-seed"].default,
+        device: str = SETTINGS["device"].default,
     ) -> None:
         super().__init__(device=device)
-        if not str(data_path).strip():
-            raise TaskSettingsError(
-                "data-path must name the CMS inpatient charges CSV for task hospital, "
-                "got data-path=''"
-            )
-        settings = {"users": users, "validation-users": validation_users, "data-seed": data_seed}
-        self.users = get_int(settings, "users", 0, minimum=0)
-        self.validation_users = get_int(settings, "validation-users", 0, minimum=0)
-        self.data_seed = get_int(settings, "data-seed", 0, minimum=0)
-        self.data_path = str(data_path)
+        self.data_path = require_data_path(
+            data_path, task=self.name, what="the CMS inpatient charges CSV"
+        )
+        self.users: int = SETTINGS["users"].parse(users)
+        # 0 is allowed here (the schema's minimum): it means every held-out provider.
+        self.validation_users: int = SETTINGS["validation-users"].parse(validation_users)
+        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
         self._data = load_hospital_csv(self.data_path)
         count = len(self._data.providers)
         if count < 2:
@@ -295,11 +298,11 @@ class HospitalTask(TorchTask):
     def from_run_config(cls, config: Mapping[str, Any]) -> HospitalTask:
         """Build from ``data-path``, ``users``, ``validation-users``, ``data-seed``, ``device``."""
         return cls(
-            get_str(config, "data-path", ""),
-            users=get_int(config, "users", 0, minimum=0),
-            validation_users=get_int(config, "validation-users", 20, minimum=0),
-            data_seed=get_int(config, "data-seed", 0, minimum=0),
-            device=get_str(config, "device", "auto"),
+            settings.read(config, "data-path"),
+            users=settings.read(config, "users"),
+            validation_users=settings.read(config, "validation-users"),
+            data_seed=settings.read(config, "data-seed"),
+            device=settings.read(config, "device"),
         )
 
     def model(self) -> nn.Module:

@@ -18,12 +18,13 @@ Each user's data come from ``SeedSequence([data-seed, purpose, index])`` (see
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+import settings
+from settings import SETTINGS
 from tasks.base import (
     Dataset,
     Params,
@@ -33,56 +34,37 @@ from tasks.base import (
     resolve_users,
     user_seed,
 )
-from tasks.config import TaskSettingsError, get_int, get_str
+from tasks.config import TaskSettingsError, require_at_least
 
-__all__ = ["DEFAULT_OPTIMA", "SyntheticTask", "parse_optima", "rmse", "rmse_gradient"]
-
-DEFAULT_OPTIMA = "5,6;4,-4.5"
+__all__ = ["SyntheticTask", "optima_array", "rmse", "rmse_gradient"]
 
 
-def parse_optima(text: str, *, key: str = "optima") -> np.ndarray:
-    """Parse ``"5,6;4,-4.5"`` into a float64 array of shape (groups, n).
+def optima_array(optima: str | Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+    """Return the ``optima`` setting (its spelling ``"5,6;4,-4.5"`` or an array) as (G, n) floats.
 
-    Parameters
-    ----------
-    text : str
-        One optimum per group, ``;``-separated; coordinates ``,``-separated.
-    key : str
-        The run-config key named in errors.
+    A string is checked and parsed by the settings schema (`settings.parse_optima`).
 
     Returns
     -------
     np.ndarray
-        float64, shape (G, n).
+        float64, shape (G, n), read-only.
 
     Raises
     ------
-    TaskSettingsError
-        If a coordinate is not a finite number or the optima differ in dimension.
+    settings.SettingError
+        If the string is not one or more vectors of the same length; `TaskSettingsError` if an
+        array is not (G, n) with G, n >= 1 or holds a non-finite number.
     """
-    groups = [part.strip() for part in text.split(";")]
-    if not text.strip() or any(not part for part in groups):
-        raise TaskSettingsError(
-            f"{key} must list one optimum per group like '5,6;4,-4.5', got {key}={text!r}"
-        )
-    rows: list[list[float]] = []
-    for part in groups:
-        try:
-            row = [float(value) for value in part.split(",")]
-        except ValueError:
-            raise TaskSettingsError(
-                f"{key} must hold comma-separated numbers, got {key}={text!r}"
-            ) from None
-        if not all(math.isfinite(value) for value in row):
-            raise TaskSettingsError(f"{key} must hold finite numbers, got {key}={text!r}")
-        rows.append(row)
-    dims = {len(row) for row in rows}
-    if len(dims) != 1:
-        raise TaskSettingsError(
-            f"{key} must give every group the same dimension, got dimensions "
-            f"{[len(row) for row in rows]} in {key}={text!r}"
-        )
-    return np.asarray(rows, dtype=np.float64)
+    if isinstance(optima, str):
+        theta = np.array(settings.parse_optima(SETTINGS["optima"].parse(optima)), dtype=np.float64)
+    else:
+        theta = np.array(optima, dtype=np.float64)
+        if theta.ndim != 2 or theta.shape[0] < 1 or theta.shape[1] < 1:
+            raise TaskSettingsError(f"optima must have shape (groups, n), got shape {theta.shape}")
+        if not np.all(np.isfinite(theta)):
+            raise TaskSettingsError(f"optima must hold finite numbers, got optima={optima!r}")
+    theta.setflags(write=False)
+    return theta
 
 
 def rmse(residuals: np.ndarray) -> float:
@@ -108,6 +90,9 @@ def rmse_gradient(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarr
 class SyntheticTask(Task):
     """Linear regression on users drawn from ``G`` linear models (one optimum per group).
 
+    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
+    default of `settings.schema` and is checked by it, with the run config's messages.
+
     Parameters
     ----------
     optima : array-like or str
@@ -127,47 +112,31 @@ class SyntheticTask(Task):
 
     def __init__(
         self,
-        optima: str | Sequence[Sequence[float]] | np.ndarray = DEFAULT_OPTIMA,
+        optima: str | Sequence[Sequence[float]] | np.ndarray = SETTINGS["optima"].default,
         *,
-        users: int = 0,
-        samples_per_user: int = 10,
-        validation_users: int = 20,
-        data_seed: int = 0,
+        users: int = SETTINGS["users"].default,
+        samples_per_user: int = SETTINGS["samples-per-user"].default,
+        validation_users: int = SETTINGS["validation-users"].default,
+        data_seed: int = SETTINGS["data-seed"].default,
     ) -> None:
-        if isinstance(optima, str):
-            theta = parse_optima(optima)
-        else:
-            theta = np.array(optima, dtype=np.float64)
-            if theta.ndim != 2 or theta.shape[0] < 1 or theta.shape[1] < 1:
-                raise TaskSettingsError(
-                    f"optima must have shape (groups, n), got shape {theta.shape}"
-                )
-            if not np.all(np.isfinite(theta)):
-                raise TaskSettingsError("optima must hold finite numbers")
-        settings = {
-            "users": users,
-            "samples-per-user": samples_per_user,
-            "validation-users": validation_users,
-            "data-seed": data_seed,
-        }
-        minimums = {"users": 0, "samples-per-user": 1, "validation-users": 1, "data-seed": 0}
-        checked = {key: get_int(settings, key, 0, minimum=minimums[key]) for key in settings}
-        theta.setflags(write=False)
-        self._optima = theta
-        self.users = checked["users"]
-        self.samples_per_user = checked["samples-per-user"]
-        self.validation_users = checked["validation-users"]
-        self.data_seed = checked["data-seed"]
+        self._optima = optima_array(optima)
+        self.users: int = SETTINGS["users"].parse(users)
+        self.samples_per_user: int = SETTINGS["samples-per-user"].parse(samples_per_user)
+        self.validation_users = require_at_least(
+            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
+            task=self.name,
+        )
+        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
 
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> SyntheticTask:
         """Build from ``optima``, ``users``, ``samples-per-user``, ``validation-users``, etc."""
         return cls(
-            get_str(config, "optima", DEFAULT_OPTIMA),
-            users=get_int(config, "users", 0, minimum=0),
-            samples_per_user=get_int(config, "samples-per-user", 10, minimum=1),
-            validation_users=get_int(config, "validation-users", 20, minimum=1),
-            data_seed=get_int(config, "data-seed", 0, minimum=0),
+            settings.read(config, "optima"),
+            users=settings.read(config, "users"),
+            samples_per_user=settings.read(config, "samples-per-user"),
+            validation_users=settings.read(config, "validation-users"),
+            data_seed=settings.read(config, "data-seed"),
         )
 
     # -- model ------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ Importing this module imports torch; only the torch tasks (digits, femnist, hosp
 from __future__ import annotations
 
 import math
-import re
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -16,9 +15,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from settings import SETTINGS
 from tasks.base import Dataset, Params, Task, check_params, check_training_args, minibatches
-from tasks.config import TaskSettingsError
-from tasks.device import DEVICES, configure_torch_threads, resolve_device
+from tasks.device import configure_torch_threads, resolve_device
 
 __all__ = [
     "TorchTask",
@@ -104,21 +103,16 @@ class TorchTask(Task):
     Parameters
     ----------
     device : str
-        Where `loss`, `user_metrics` and `evaluate` run (``"auto"``, ``"cpu"``, ``"cuda"``);
-        `train` takes its own ``device``.
+        The setting ``device``: where `loss`, `user_metrics` and `evaluate` run (``"auto"``,
+        ``"cpu"``, ``"cuda"``); `train` takes its own ``device``.
     """
 
     objective: Literal["cross-entropy", "rmse"] = "cross-entropy"
 
-    def __init__(self, *, device: str = "auto") -> None:
+    def __init__(self, *, device: str = SETTINGS["device"].default) -> None:
         configure_torch_threads()
-        spelled = device.strip().lower() if isinstance(device, str) else device
-        if not isinstance(spelled, str) or not (
-            spelled in DEVICES or re.fullmatch(r"cuda:\d+", spelled)
-        ):
-            # Only the spelling: whether CUDA exists is checked where the device is used.
-            raise TaskSettingsError(f"device must be one of {list(DEVICES)}, got device={device!r}")
-        self.device = spelled
+        # Only the spelling: whether CUDA exists is checked where the device is used.
+        self.device: str = SETTINGS["device"].parse(device)
         self._modules: dict[str, nn.Module] = {}
         self._shapes: list[tuple[int, ...]] | None = None
 

@@ -49,7 +49,7 @@ def test_compose_supernodes_have_their_own_partition_ledger_and_budget() -> None
     configs = {name: node_config(services[name]) for name in SUPERNODES}
     assert sorted(c["partition-id"] for c in configs.values()) == ["0", "1", "2"]
     assert all(c["num-partitions"] == "3" for c in configs.values())
-    assert any("privacy-budget" in c for c in configs.values())
+    assert any("cap-d-privacy" in c for c in configs.values())
     volumes = [services[name]["volumes"][0].split(":")[0] for name in SUPERNODES]
     assert len(set(volumes)) == 3 and all(v in doc["volumes"] for v in volumes)
     for name, c in configs.items():
@@ -60,12 +60,16 @@ def test_compose_supernodes_have_their_own_partition_ledger_and_budget() -> None
         assert "deploy" not in services[name]  # no GPU reservation outside compose.gpu.yml
 
 
-def test_node_config_keys_are_the_clients() -> None:
-    from client.settings import NODE_OVERRIDES
+def test_node_configs_are_valid_device_settings() -> None:
+    from flwr.common.config import parse_config_args
 
-    known = {*NODE_OVERRIDES, "partition-id", "num-partitions", "ledger-path", "client-name"}
+    from settings import check_node_config
+
     for name in SUPERNODES:
-        assert set(node_config(load("compose.yml")["services"][name])) <= known
+        cmd = load("compose.yml")["services"][name]["command"]
+        # Parsed as flower-supernode parses --node-config.
+        parsed = parse_config_args([cmd[cmd.index("--node-config") + 1]])
+        assert check_node_config(parsed)["partition-id"] == int(name.rsplit("-", 1)[1])
 
 
 def test_overrides() -> None:

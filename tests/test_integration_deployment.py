@@ -84,7 +84,7 @@ def test_capped_supernode_declines_and_a_restart_keeps_its_spend(
     result = launch(
         supernodes=3, out_dir=tmp_path / "run", echo=lambda _: None, timeout=500,
         run_config={"num-rounds": 6, "clients-per-round": 2, "patience": 0, "seed": 1},
-        node_configs={0: {"privacy-budget": 0.8}}, on_line=kill_and_restart,
+        node_configs={0: {"cap-d-privacy": 0.8}}, on_line=kill_and_restart,
     )
 
     # Assert: the run finished all its rounds with the other clients going on.

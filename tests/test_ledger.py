@@ -1,15 +1,20 @@
-"""The client's privacy ledger: composition, caps, persistence, crash safety, locking."""
+"""The client's privacy ledger: composition, caps, persistence, crash safety, locking, rollback."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -17,13 +22,16 @@ from mechanisms import (
     BudgetExceededError,
     GaussianReleaseEvent,
     LedgerCorruptError,
+    LedgerMissingError,
+    LedgerRollbackError,
     MetricPrivacyEvent,
+    NeighbourhoodEvent,
     NonPrivateEvent,
+    PrivacyEvent,
     PrivacyLedger,
     SignReleaseEvent,
     Spend,
     calibrate_gaussian_noise_multiplier,
-    default_ledger_path,
     format_ledger,
     gaussian_epsilon,
 )
@@ -40,6 +48,15 @@ def metric(cost: float) -> MetricPrivacyEvent:
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
     return tmp_path / "ledgers" / "client-0.json"
+
+
+def lock_of(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file in ``folder`` and its bytes."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
 def run_python(code: str, **kwargs: object) -> subprocess.Popen[str]:
@@ -77,6 +94,37 @@ def test_d_privacy_costs_add_up(path: Path) -> None:
     # Assert: 0.4 + (0.3 + 0.5); no Gaussian releases, so no (epsilon, delta).
     assert spend.d_privacy == pytest.approx(1.2, rel=1e-12)
     assert (spend.epsilon, spend.delta, spend.releases) == (0.0, 0.0, 2)
+
+
+def test_neighbourhood_spend_is_exactly_the_sum_of_n_over_nu(path: Path) -> None:
+    # Prepare: R releases of n = 7850 parameters at nu = 3, as the Laplace mechanism
+    # records them; their ||delta|| (1e-3 to 1e3) does not enter the event at all.
+    n, nu, rounds = 7850, 3.0, 25
+    ledger = PrivacyLedger(path, delta=DELTA)
+
+    # Execute
+    for r in range(rounds):
+        ledger.charge(NeighbourhoodEvent((n,), nu), cap=None, round=r)
+    spend = PrivacyLedger(path, delta=DELTA).spent()
+
+    # Assert: == on floats, on purpose: the reported spend is a function of (n, nu, R).
+    assert spend.d_privacy == math.fsum([n / nu] * rounds)
+    assert (spend.epsilon, spend.delta, spend.releases) == (0.0, 0.0, rounds)
+
+
+def test_neighbourhood_and_metric_events_add_in_one_d_privacy_spend(path: Path) -> None:
+    # Prepare
+    ledger = PrivacyLedger(path, delta=DELTA)
+
+    # Execute: 4/2 + 0.5 * 3 + (3 + 1)/4
+    ledger.charge(NeighbourhoodEvent((4,), 2.0), cap=None)
+    ledger.charge(MetricPrivacyEvent(((0.5, 3.0),)), cap=None)
+    spend = ledger.charge(NeighbourhoodEvent((3, 1), 4.0), cap=4.5)
+
+    # Assert
+    assert spend.d_privacy == 4.5
+    with pytest.raises(BudgetExceededError, match="d-privacy"):
+        ledger.charge(NeighbourhoodEvent((1,), 1e6), cap=4.5)
 
 
 def test_a_cap_admits_exactly_the_releases_that_fit(path: Path) -> None:
@@ -157,6 +205,51 @@ def test_many_releases_are_composed_quickly(path: Path) -> None:
     assert spend.epsilon < gaussian_epsilon(20.0, 300, DELTA)
 
 
+def test_each_family_is_compared_with_its_own_cap_only(path: Path) -> None:
+    # Prepare: the d-privacy cap 2.0 is used up exactly; the rdp cap is the epsilon of
+    # two releases at z = 6.
+    z = 6.0
+    rdp_cap = gaussian_epsilon(z, 2, DELTA)
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(NeighbourhoodEvent((8,), 4.0), cap=2.0)
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(NeighbourhoodEvent((8,), 4.0), cap=2.0)
+
+    # Execute / Assert: Gaussian and sign releases still fit under the rdp cap, although
+    # their epsilon (about 1.4) plus the d-privacy spend would pass either cap.
+    ledger.charge(GaussianReleaseEvent(z), cap=rdp_cap)
+    ledger.charge(SignReleaseEvent(z), cap=rdp_cap)
+    assert ledger.spent().epsilon == pytest.approx(rdp_cap, rel=1e-12)
+
+    # ... and, the rdp cap now used up, a d-privacy release still fits under its own cap.
+    with pytest.raises(BudgetExceededError, match="RDP"):
+        ledger.charge(GaussianReleaseEvent(z), cap=rdp_cap)
+    ledger.charge(NeighbourhoodEvent((8,), 4.0), cap=4.0)
+    assert ledger.spent().d_privacy == 4.0
+
+
+@pytest.mark.parametrize("d_privacy_spent", [0.0, 1e6])
+def test_a_gaussian_release_past_the_rdp_cap_is_refused_whatever_the_d_privacy_spend(
+    path: Path, d_privacy_spent: float
+) -> None:
+    # Prepare: the rdp spend after one release at z = 6 is below the cap; a second
+    # release would pass it. The d-privacy spend, zero or huge, must not matter.
+    z = 6.0
+    cap = 0.5 * (gaussian_epsilon(z, 1, DELTA) + gaussian_epsilon(z, 2, DELTA))
+    ledger = PrivacyLedger(path, delta=DELTA)
+    if d_privacy_spent:
+        ledger.charge(MetricPrivacyEvent(((d_privacy_spent, 1.0),)), cap=None)
+    ledger.charge(GaussianReleaseEvent(z), cap=cap)
+    before = path.read_bytes()
+
+    # Execute / Assert
+    with pytest.raises(BudgetExceededError, match=r"RDP ε at δ=1e-05") as info:
+        ledger.charge(GaussianReleaseEvent(z), cap=cap)
+    assert info.value.spent == pytest.approx(gaussian_epsilon(z, 1, DELTA), rel=1e-12)
+    assert info.value.would_spend == pytest.approx(gaussian_epsilon(z, 2, DELTA), rel=1e-12)
+    assert path.read_bytes() == before
+
+
 def test_non_private_releases_are_counted_and_refused_under_any_cap(path: Path) -> None:
     # Prepare
     ledger = PrivacyLedger(path, delta=DELTA)
@@ -164,11 +257,15 @@ def test_non_private_releases_are_counted_and_refused_under_any_cap(path: Path) 
     # Execute
     spend = ledger.charge(NonPrivateEvent(), cap=None)
 
-    # Assert
+    # Assert: recorded with cap=None (the device allows the baseline), refused under any
+    # finite cap, even one no other release has touched.
     assert (spend.releases, spend.d_privacy, spend.epsilon) == (1, 0.0, 0.0)
-    with pytest.raises(BudgetExceededError, match="cannot fit under any cap"):
-        ledger.charge(NonPrivateEvent(), cap=1e9)
+    before = path.read_bytes()
+    for cap in (1e9, 0.0):
+        with pytest.raises(BudgetExceededError, match="cannot fit under any cap"):
+            ledger.charge(NonPrivateEvent(), cap=cap)
     assert ledger.spent().releases == 1
+    assert path.read_bytes() == before
 
 
 # -- refusals change nothing -------------------------------------------------------------------
@@ -218,6 +315,34 @@ def test_invalid_charges_change_nothing(
     assert path.read_bytes() == before
 
 
+@dataclass(frozen=True)
+class _HomeMadeEvent(PrivacyEvent):
+    """An event the ledger was never taught to compose, though it looks like d-privacy."""
+
+    kind: ClassVar[str] = "metric"
+    family: ClassVar[str] = "d-privacy"
+    cost: float = 0.0
+
+
+@pytest.mark.parametrize(
+    "event",
+    [_HomeMadeEvent(), PrivacyEvent()],
+    ids=["subclass-posing-as-d-privacy", "base-class"],
+)
+def test_an_unknown_event_type_is_refused_before_touching_the_file(
+    path: Path, event: PrivacyEvent
+) -> None:
+    # Prepare
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    before = snapshot(path.parent)
+
+    # Execute / Assert
+    with pytest.raises(TypeError, match="cannot charge"):
+        ledger.charge(event, cap=None)
+    assert snapshot(path.parent) == before
+
+
 def test_a_tampered_non_finite_event_is_refused_before_any_change(path: Path) -> None:
     # Prepare: events validate themselves on construction; bypass that as a bug could.
     ledger = PrivacyLedger(path, delta=DELTA)
@@ -261,6 +386,7 @@ def test_file_format_is_versioned_json_private_to_the_user(path: Path) -> None:
     # Assert
     assert document["format"] == "gpfl-privacy-ledger"
     assert document["version"] == 1
+    assert document["generation"] == 1
     assert document["declines"] == 0
     (entry,) = document["events"]
     assert entry["round"] == 7
@@ -268,6 +394,36 @@ def test_file_format_is_versioned_json_private_to_the_user(path: Path) -> None:
     assert entry["time"].endswith("+00:00")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in path.parent.iterdir()) == ["client-0.json", "client-0.json.lock"]
+    assert stat.S_IMODE(lock_of(path).stat().st_mode) == 0o600
+    assert lock_of(path).read_text() == "gpfl-privacy-ledger generation 00000000000000000001\n"
+
+
+def test_neighbourhood_events_are_stored_as_public_numbers(path: Path) -> None:
+    # Execute
+    PrivacyLedger(path, delta=DELTA).charge(NeighbourhoodEvent((784, 10), 5.0), cap=None)
+
+    # Assert
+    (entry,) = json.loads(path.read_text())["events"]
+    assert entry["event"] == {"kind": "neighbourhood", "dimensions": [784, 10],
+                              "noise_multiplier": 5.0}
+    assert PrivacyLedger(path, delta=DELTA).entries()[0].event == NeighbourhoodEvent(
+        (784, 10), 5.0)
+
+
+def test_every_write_increments_the_generation_in_file_and_lock(path: Path) -> None:
+    # Prepare
+    ledger = PrivacyLedger(path, delta=DELTA)
+
+    # Execute
+    ledger.charge(metric(0.5), cap=None)
+    ledger.record_decline()
+    ledger.charge(GaussianReleaseEvent(3.0), cap=None)
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(metric(0.5), cap=0.1)  # a refusal writes nothing
+
+    # Assert
+    assert json.loads(path.read_text())["generation"] == 3
+    assert lock_of(path).read_text() == "gpfl-privacy-ledger generation 00000000000000000003\n"
 
 
 def test_declines_are_counted_and_persisted(path: Path) -> None:
@@ -407,27 +563,7 @@ def test_two_writers_charging_concurrently_lose_nothing(path: Path) -> None:
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
-# -- paths and the human-readable dump ---------------------------------------------------------
-
-
-def test_default_ledger_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    # Prepare
-    monkeypatch.setenv("HOME", str(tmp_path))
-
-    # Execute / Assert
-    assert default_ledger_path("", 3) == tmp_path / ".gpfl" / "ledgers" / "client-3.json"
-    assert default_ledger_path("/srv/ledgers", "site-a") == Path("/srv/ledgers/client-site-a.json")
-    assert default_ledger_path("~/l", 0) == tmp_path / "l" / "client-0.json"
-
-
-@pytest.mark.parametrize(
-    ("partition_id", "error"),
-    [("../x", ValueError), ("a/b", ValueError), (".hidden", ValueError), ("", ValueError),
-     (-1, ValueError), (True, TypeError), (1.0, TypeError)],
-)
-def test_default_ledger_path_refuses_unsafe_ids(partition_id: object, error: type) -> None:
-    with pytest.raises(error, match="partition_id"):
-        default_ledger_path("/tmp", partition_id)  # type: ignore[arg-type]
+# -- the human-readable dump -------------------------------------------------------------------
 
 
 def test_format_ledger_lists_events_and_totals(path: Path) -> None:
@@ -436,6 +572,8 @@ def test_format_ledger_lists_events_and_totals(path: Path) -> None:
     ledger.charge(metric(0.4), cap=None, round=1)
     ledger.charge(MetricPrivacyEvent(((0.1, 1.0), (0.2, 1.0))), cap=None, round=2)
     ledger.charge(GaussianReleaseEvent(8.0), cap=None)
+    ledger.charge(NeighbourhoodEvent((7850,), 5.0), cap=None, round=4)
+    ledger.charge(NeighbourhoodEvent((784, 10), 4.0), cap=None, round=5)
     ledger.record_decline()
 
     # Execute
@@ -448,11 +586,227 @@ def test_format_ledger_lists_events_and_totals(path: Path) -> None:
     assert lines[2].split()[2:] == ["1", "metric", "ε=0.2,", "r=2", "0.4"]
     assert lines[3].split()[2:] == ["2", "metric", "2", "layers", "0.3"]
     assert lines[4].split()[2:] == ["-", "gaussian", "z=8", "-"]
-    assert "releases: 3   declines: 1" in text
-    assert "d-privacy (Σ ε·r): 0.7" in text
+    assert lines[5].split()[2:] == ["4", "neighbourhood", "n=7850,", "ν=5", "1570"]
+    assert lines[6].split()[2:] == ["5", "neighbourhood", "2", "layers,", "ν=4", "198.5"]
+    assert "releases: 5   declines: 1" in text
+    assert "d-privacy (Σ ε·r): 1769.2" in text
     assert f"ε = {gaussian_epsilon(8.0, 1, DELTA):.6g} at δ = 1e-05" in text
 
 
 def test_format_ledger_without_a_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no privacy ledger at"):
         format_ledger(tmp_path / "missing.json")
+    with pytest.raises(FileNotFoundError, match="not a file"):
+        format_ledger(tmp_path)
+
+
+# -- a ledger that disappears or goes back in time is refused ---------------------------------
+
+
+def test_a_deleted_ledger_is_refused_not_restarted_at_zero(path: Path) -> None:
+    # Prepare
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    ledger.record_decline()
+    path.unlink()
+    before = snapshot(path.parent)
+
+    # Execute / Assert: opening, reading, charging, declining and formatting all refuse.
+    with pytest.raises(LedgerMissingError) as info:
+        PrivacyLedger(path, delta=DELTA)
+    for call in (ledger.spent, ledger.entries, ledger.record_decline,
+                 lambda: ledger.charge(metric(0.1), cap=None), lambda: format_ledger(path)):
+        with pytest.raises(LedgerMissingError):
+            call()
+    message = str(info.value)
+    assert str(path) in message and str(lock_of(path)) in message
+    assert "refused rather than restarted at zero" in message
+    assert "remove both" in message
+    assert (info.value.recorded, info.value.path) == (2, path)
+    assert isinstance(info.value, LedgerCorruptError)
+    assert snapshot(path.parent) == before  # nothing written, nothing created
+
+
+def test_an_older_copy_put_back_is_refused_as_a_rollback(path: Path) -> None:
+    # Prepare: a copy taken after one release; two more releases; the copy put back.
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    backup = path.with_name("backup.json")
+    shutil.copy2(path, backup)
+    ledger.charge(metric(1.0), cap=None)
+    ledger.record_decline()
+    shutil.copy2(backup, path)
+    before = snapshot(path.parent)
+
+    # Execute / Assert
+    with pytest.raises(LedgerRollbackError) as info:
+        PrivacyLedger(path, delta=DELTA)
+    for call in (ledger.spent, ledger.record_decline,
+                 lambda: ledger.charge(metric(0.1), cap=None), lambda: format_ledger(path)):
+        with pytest.raises(LedgerRollbackError):
+            call()
+    assert (info.value.found, info.value.recorded) == (1, 3)
+    assert "older copy" in str(info.value) and "remove both" in str(info.value)
+    assert isinstance(info.value, LedgerCorruptError)
+    assert snapshot(path.parent) == before
+
+
+def test_a_rollback_written_by_hand_without_a_generation_field_is_refused(path: Path) -> None:
+    # Prepare: an older file in the version-1 form without "generation": its generation
+    # is its events + declines (1), below the 2 writes the lock file records.
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    old = json.loads(path.read_text())
+    del old["generation"]
+    ledger.charge(metric(1.0), cap=None)
+    path.write_text(json.dumps(old))
+
+    # Execute / Assert
+    with pytest.raises(LedgerRollbackError, match="generation 1"):
+        PrivacyLedger(path, delta=DELTA)
+
+
+def test_removing_both_files_starts_a_new_budget_deliberately(path: Path) -> None:
+    # Prepare
+    PrivacyLedger(path, delta=DELTA).charge(metric(1.0), cap=None)
+    path.unlink()
+    lock_of(path).unlink()
+
+    # Execute
+    spend = PrivacyLedger(path, delta=DELTA).charge(metric(0.25), cap=None)
+
+    # Assert
+    assert (spend.releases, spend.d_privacy) == (1, 0.25)
+
+
+def test_a_new_ledger_is_empty_and_opening_it_creates_nothing(path: Path) -> None:
+    # Execute
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.entries()
+
+    # Assert: neither the ledger, the lock file nor the folder appear before a write.
+    assert ledger.spent().releases == 0
+    assert not path.parent.exists()
+
+
+def test_a_version_1_file_without_generation_and_an_empty_lock_file_is_read(
+    path: Path,
+) -> None:
+    # Prepare: what the previous version left: no "generation", an empty lock file.
+    path.parent.mkdir(parents=True)
+    events = [{"time": "t", "round": i, "event": {"kind": "metric", "layers": [[0.5, 1.0]]}}
+              for i in range(3)]
+    path.write_text(json.dumps({"format": "gpfl-privacy-ledger", "version": 1, "delta": DELTA,
+                                "declines": 2, "events": events}))
+    lock_of(path).touch()
+
+    # Execute
+    ledger = PrivacyLedger(path, delta=DELTA)
+    spend = ledger.charge(metric(0.5), cap=None)
+
+    # Assert: its generation was 3 + 2; the write makes it 6, in the file and the lock.
+    assert (spend.releases, spend.declines, spend.d_privacy) == (4, 2, 2.0)
+    assert json.loads(path.read_text())["generation"] == 6
+    assert lock_of(path).read_text().endswith("00000000000000000006\n")
+
+
+def test_a_ledger_ahead_of_its_lock_file_is_accepted(path: Path) -> None:
+    # Prepare: as after a crash between the ledger's replace and the lock file's update
+    # (or after the lock file was deleted): the record lags the ledger.
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    ledger.charge(metric(1.0), cap=None)
+    lock_of(path).write_text("gpfl-privacy-ledger generation 00000000000000000001\n")
+
+    # Execute / Assert
+    assert PrivacyLedger(path, delta=DELTA).spent().releases == 2
+    ledger.charge(metric(1.0), cap=None)
+    assert lock_of(path).read_text().endswith("00000000000000000003\n")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"garbage", b"gpfl-privacy-ledger generation 12\n",
+     b"gpfl-privacy-ledger generation 00000000000000000001\nextra"],
+)
+def test_an_unreadable_lock_file_is_refused(path: Path, content: bytes) -> None:
+    # Prepare
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    lock_of(path).write_bytes(content)
+    before = snapshot(path.parent)
+
+    # Execute / Assert: we cannot tell how many writes were made, so nothing is trusted.
+    with pytest.raises(LedgerCorruptError, match="not a generation record"):
+        PrivacyLedger(path, delta=DELTA)
+    with pytest.raises(LedgerCorruptError, match="not a generation record"):
+        ledger.charge(metric(1.0), cap=None)
+    assert snapshot(path.parent) == before
+
+
+@pytest.mark.parametrize(
+    ("generation", "pattern"),
+    [(0, "generation must be an integer >= the 1 events and declines, got 0"),
+     (True, "got True"), ("1", "got '1'"), (-1, "got -1")],
+)
+def test_a_file_with_a_bad_generation_is_corrupt(
+    path: Path, generation: object, pattern: str
+) -> None:
+    # Prepare
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**GOOD, "generation": generation}))
+
+    # Execute / Assert
+    with pytest.raises(LedgerCorruptError, match=pattern):
+        PrivacyLedger(path, delta=DELTA)
+
+
+# -- temporaries of killed writers --------------------------------------------------------------
+
+
+def test_stale_temporaries_of_this_ledger_are_removed_by_the_next_write(path: Path) -> None:
+    # Prepare: temporaries as a writer killed mid-write leaves them (same mkstemp call),
+    # and files that must survive: another ledger's temporaries (including one whose name
+    # starts with this ledger's), and look-alikes that mkstemp would not have made.
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    folder = path.parent
+    stale = []
+    for _ in range(2):
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+        os.write(fd, b'{"partial')
+        os.close(fd)
+        stale.append(Path(name))
+    keep = [folder / name for name in (
+        ".client-0.json.x.abcdefgh.tmp",       # temporaries of ledger "client-0.json.x"
+        ".client-0.json.x.tmp",                # not mkstemp's form
+        ".client-0.json.abcdefghi.tmp",        # 9 random characters, not 8
+        "client-0.json.abcdefgh.tmp",          # no leading dot
+        ".client-0.json.abcdefgh.tmp.keep",    # another suffix
+        ".client-1.json.abcdefgh.tmp",         # another ledger
+        "notes.txt",
+    )]
+    for p in keep:
+        p.write_bytes(b"keep me")
+    fd, other = tempfile.mkstemp(dir=folder, prefix=".client-0.json.x.", suffix=".tmp")
+    os.close(fd)
+    keep.append(Path(other))
+
+    # Execute
+    ledger.record_decline()
+
+    # Assert
+    assert not any(p.exists() for p in stale)
+    assert all(p.exists() for p in keep)
+    assert ledger.spent().declines == 1
+
+
+def test_stale_temporaries_are_left_when_a_charge_is_refused(path: Path) -> None:
+    # A refusal changes nothing on disk, not even clutter.
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    with pytest.raises(BudgetExceededError):
+        ledger.charge(metric(1.0), cap=1.0)
+    assert Path(name).exists()

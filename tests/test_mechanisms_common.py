@@ -1,9 +1,8 @@
-"""The contract every Mechanism keeps, the factory, the events, the RNG, and import weight."""
+"""The contract every Mechanism keeps, the factory, the events, and import weight."""
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import subprocess
 import sys
@@ -14,19 +13,22 @@ import numpy as np
 import pytest
 
 from mechanisms import (
+    FAMILIES,
     EuclideanLaplace,
     GaussianMechanism,
     GaussianReleaseEvent,
     Mechanism,
     MetricPrivacyEvent,
+    NeighbourhoodEvent,
     NoMechanism,
     NonPrivateEvent,
+    PrivacyEvent,
     SignReleaseEvent,
     StochasticSign,
     build_mechanism,
     event_from_dict,
-    make_rng,
 )
+from mechanisms.events import EVENT_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,6 +158,41 @@ class TestEveryMechanism:
         with pytest.raises(error, match=pattern):
             mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
 
+    def test_spread_zero_is_the_default(self, mechanism: Mechanism) -> None:
+        # Prepare
+        reference, updated = make_pair()
+
+        # Execute
+        implicit = mechanism.sanitize(reference, updated, rng=np.random.default_rng(5))
+        explicit = mechanism.sanitize(reference, updated, rng=np.random.default_rng(5), spread=0)
+
+        # Assert
+        for a, b in zip(implicit, explicit, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert mechanism.public_metrics(reference, updated, spread=0.0) == (
+            mechanism.public_metrics(reference, updated)
+        )
+
+    @pytest.mark.parametrize(
+        ("spread", "error", "pattern"),
+        [
+            (-0.5, ValueError, "spread must be non-negative and finite, got spread=-0.5"),
+            (math.nan, ValueError, "spread must be non-negative and finite, got spread=nan"),
+            (math.inf, ValueError, "spread must be non-negative and finite, got spread=inf"),
+            ("1", TypeError, "spread must be a real number, got spread='1'"),
+        ],
+    )
+    def test_bad_spread_is_refused_naming_it(
+        self, mechanism: Mechanism, spread: object, error: type[Exception], pattern: str
+    ) -> None:
+        reference, updated = make_pair()
+        with pytest.raises(error, match=pattern):
+            mechanism.sanitize(
+                reference, updated, rng=np.random.default_rng(0), spread=spread  # type: ignore[arg-type]
+            )
+        with pytest.raises(error, match=pattern):
+            mechanism.public_metrics(reference, updated, spread=spread)  # type: ignore[arg-type]
+
     def test_sanitize_needs_a_generator(self, mechanism: Mechanism) -> None:
         reference, updated = make_pair()
         with pytest.raises(TypeError, match=r"rng must be a numpy\.random\.Generator"):
@@ -237,6 +274,8 @@ def test_build_mechanism_errors_are_clear(
     "event",
     [
         MetricPrivacyEvent(((0.5, 2.0), (1.5, 0.0))),
+        NeighbourhoodEvent((7850,), 5.0),
+        NeighbourhoodEvent((3, 1, 12), 0.25),
         GaussianReleaseEvent(3.25),
         SignReleaseEvent(3.25),
         NonPrivateEvent(),
@@ -254,6 +293,44 @@ def test_events_round_trip_through_dicts(event: object) -> None:
 
 def test_metric_cost_is_the_sum_of_epsilon_times_radius() -> None:
     assert MetricPrivacyEvent(((0.5, 2.0), (1.5, 3.0), (2.0, 0.0))).cost == pytest.approx(5.5)
+
+
+def test_neighbourhood_cost_is_the_sum_of_n_over_nu() -> None:
+    # Per-layer blocks of 3, 1 and 12 parameters at nu = 0.25: 12 + 4 + 48.
+    assert NeighbourhoodEvent((3, 1, 12), 0.25).cost == 64.0
+    assert NeighbourhoodEvent((7850,), 3.0).cost == 7850 / 3.0
+
+
+def test_neighbourhood_event_keeps_ints_and_floats() -> None:
+    # Prepare: NumPy integers (as sizes come from array.size) and an int nu.
+    event = NeighbourhoodEvent((np.int64(4), 5), 2)  # type: ignore[arg-type]
+
+    # Assert: plain Python numbers, so the JSON form and equality are stable.
+    assert event.dimensions == (4, 5)
+    assert [type(n) for n in event.dimensions] == [int, int]
+    assert type(event.noise_multiplier) is float
+    assert event.to_dict() == {"kind": "neighbourhood", "dimensions": [4, 5],
+                               "noise_multiplier": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("cls", "family"),
+    [
+        (MetricPrivacyEvent, "d-privacy"),
+        (NeighbourhoodEvent, "d-privacy"),
+        (GaussianReleaseEvent, "rdp"),
+        (SignReleaseEvent, "rdp"),
+        (NonPrivateEvent, "none"),
+    ],
+)
+def test_every_event_class_has_its_family(cls: type[PrivacyEvent], family: str) -> None:
+    assert cls.family == family
+    assert "family" in vars(cls)  # set on the class itself, not inherited by accident
+
+
+def test_the_known_event_types_cover_every_family() -> None:
+    assert {cls.family for cls in EVENT_TYPES} == set(FAMILIES)
+    assert len({cls.kind for cls in EVENT_TYPES}) == len(EVENT_TYPES)
 
 
 def test_sign_and_gaussian_events_are_distinct() -> None:
@@ -287,46 +364,25 @@ def test_events_are_immutable() -> None:
         ({"kind": "metric", "layers": [[1.0]]}, TypeError, "pairs"),
         ({"kind": "metric", "layers": [1.0]}, TypeError, "pairs"),
         ({"kind": "metric", "layers": "1,2"}, TypeError, "list of"),
+        ({"kind": "neighbourhood", "dimensions": [4]}, ValueError,
+         r"needs exactly the fields \['dimensions', 'noise_multiplier'\]"),
+        ({"kind": "neighbourhood", "dimensions": [], "noise_multiplier": 1.0}, ValueError,
+         "dimensions must hold at least one block size"),
+        ({"kind": "neighbourhood", "dimensions": [0], "noise_multiplier": 1.0}, ValueError,
+         "dimensions must be a positive integer, got dimensions=0"),
+        ({"kind": "neighbourhood", "dimensions": [4.0], "noise_multiplier": 1.0}, TypeError,
+         "dimensions must be an integer"),
+        ({"kind": "neighbourhood", "dimensions": [True], "noise_multiplier": 1.0}, TypeError,
+         "dimensions must be an integer"),
+        ({"kind": "neighbourhood", "dimensions": 4, "noise_multiplier": 1.0}, TypeError,
+         "dimensions must be a list"),
+        ({"kind": "neighbourhood", "dimensions": [4], "noise_multiplier": 0.0}, ValueError,
+         "noise_multiplier must be positive and finite"),
     ],
 )
 def test_bad_event_dicts_are_refused(d: object, error: type[Exception], pattern: str) -> None:
     with pytest.raises(error, match=pattern):
         event_from_dict(d)  # type: ignore[arg-type]
-
-
-# -- make_rng ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("seed", [None, -1, -100])
-def test_unseeded_generators_use_os_entropy_quietly(
-    seed: int | None, caplog: pytest.LogCaptureFixture
-) -> None:
-    # Execute
-    with caplog.at_level(logging.WARNING):
-        a, b = make_rng(seed), make_rng(seed)
-
-    # Assert
-    assert isinstance(a, np.random.Generator)
-    assert a.integers(2**62) != b.integers(2**62)  # fails with probability 2^-62
-    assert caplog.records == []
-
-
-def test_fixed_seed_is_reproducible_and_logged(caplog: pytest.LogCaptureFixture) -> None:
-    # Execute
-    with caplog.at_level(logging.WARNING, logger="mechanisms.rng"):
-        a, b = make_rng(7), make_rng(np.int64(7))  # type: ignore[arg-type]
-
-    # Assert
-    assert a.integers(2**62) == b.integers(2**62)
-    assert len(caplog.records) == 2
-    assert caplog.records[0].levelno == logging.WARNING
-    assert "experiments only" in caplog.records[0].getMessage()
-
-
-@pytest.mark.parametrize("seed", [1.5, "7", True])
-def test_make_rng_rejects_non_integer_seeds(seed: object) -> None:
-    with pytest.raises(TypeError, match="seed must be an integer or None"):
-        make_rng(seed)  # type: ignore[arg-type]
 
 
 # -- import weight -----------------------------------------------------------------------------
@@ -341,7 +397,7 @@ def test_importing_and_using_laplace_stays_light(tmp_path: Path) -> None:
         "ref, upd = [np.zeros(3)], [np.ones(3)]\n"
         f"ledger = m.PrivacyLedger({str(tmp_path / 'l.json')!r}, delta=1e-5)\n"
         "ledger.charge(mech.event(ref, upd), cap=10.0)\n"
-        "mech.sanitize(ref, upd, rng=m.make_rng(None))\n"
+        "mech.sanitize(ref, upd, rng=m.device_rng(), spread=m.hypotheses_diameter([ref, upd]))\n"
         "ledger.spent()\n"
         "heavy = ('dp_accounting', 'scipy', 'flwr', 'torch')\n"
         "print(sorted(k for k in sys.modules if k.split('.')[0] in heavy))\n"

@@ -19,6 +19,7 @@ from mechanisms import (
     calibrate_gaussian_noise_multiplier,
     clip_elementwise,
     clip_l2,
+    hypotheses_diameter,
     l2_sensitivity,
 )
 
@@ -84,6 +85,59 @@ def test_clipping_errors_name_the_parameter(call: object, pattern: str) -> None:
         call()  # type: ignore[operator]
 
 
+# -- the hypotheses' diameter -------------------------------------------------------------
+
+
+def test_hypotheses_diameter_is_the_largest_pairwise_distance() -> None:
+    # Prepare: three two-layer models. Flattened: a = (0, 0, 0), b = (3, 0, 4),
+    # c = (0, -6, 8): |a-b| = 5, |a-c| = 10, |b-c| = sqrt(9 + 36 + 16) = sqrt(61).
+    a: list[np.ndarray] = [np.zeros(2, np.float32), np.zeros((1, 1))]
+    b: list[np.ndarray] = [np.array([3.0, 0.0], np.float32), np.array([[4.0]])]
+    c: list[np.ndarray] = [np.array([0.0, -6.0], np.float32), np.array([[8.0]])]
+
+    # Execute / Assert
+    assert hypotheses_diameter([a, b, c]) == 10.0
+    assert hypotheses_diameter([b, c]) == pytest.approx(math.sqrt(61), rel=1e-15)
+    assert hypotheses_diameter([c, b, a]) == 10.0  # order does not matter
+
+
+def test_hypotheses_diameter_of_one_hypothesis_is_zero() -> None:
+    assert hypotheses_diameter([[np.ones(3), np.ones((2, 2))]]) == 0.0
+
+
+def test_hypotheses_diameter_is_computed_in_float64() -> None:
+    # Prepare: 3e38 - (-3e38) overflows float32 (max ~3.4e38), not float64.
+    a = [np.array([3e38], np.float32)]
+    b = [np.array([-3e38], np.float32)]
+
+    # Execute
+    diameter = hypotheses_diameter([a, b])
+
+    # Assert
+    assert diameter == pytest.approx(6e38, rel=1e-7)
+    assert type(diameter) is float
+
+
+@pytest.mark.parametrize(
+    ("hypotheses", "error", "pattern"),
+    [
+        ([], ValueError, "at least one model"),
+        ([[np.zeros(2)], [np.zeros(3)]], ValueError, r"hypotheses\[1\] has layer shapes"),
+        ([[np.zeros(2)], [np.zeros(2), np.zeros(1)]], ValueError, "layer shapes"),
+        ([[np.zeros(2)], [np.array([0.0, np.nan])]], ValueError,
+         r"hypotheses\[1\]\[0\] contains non-finite"),
+        ([np.zeros(2)], TypeError, r"hypotheses\[0\] must be a sequence of arrays"),
+        (np.zeros((2, 2)), TypeError, "hypotheses must be a sequence of models"),
+        ([[np.array(["a"])]], TypeError, "real numeric array"),
+    ],
+)
+def test_hypotheses_diameter_refuses_bad_input(
+    hypotheses: object, error: type[Exception], pattern: str
+) -> None:
+    with pytest.raises(error, match=pattern):
+        hypotheses_diameter(hypotheses)  # type: ignore[arg-type]
+
+
 # -- Gaussian --------------------------------------------------------------------------------
 
 
@@ -139,6 +193,47 @@ def test_gaussian_noise_is_normal_with_std_sigma() -> None:
     # Assert
     assert stats.kstest(values, stats.norm(scale=sigma).cdf).pvalue > 1e-3
     assert stats.kstest(values, stats.norm(scale=1.05 * sigma).cdf).pvalue < 1e-3
+
+
+def test_gaussian_noise_covers_the_hypotheses_spread() -> None:
+    # Prepare: k = 2 hypotheses at distance D = 0.5, C = 1 (L2), so the release around the
+    # chosen one must have sigma = z (2C + D). A zero update makes the release pure noise
+    # around the reference. n = 10^5 coordinates: sum(x^2)/sigma^2 ~ chi-square(n);
+    # two-sided acceptance at alpha = 1e-6 (false-positive rate 1e-6).
+    mechanism = GaussianMechanism(**SETTINGS)  # type: ignore[arg-type]
+    reference = [np.full(60_000, 0.3), np.full((200, 200), -0.1)]
+    shift = np.zeros(60_000)
+    shift[:2] = [0.3, 0.4]
+    other = [reference[0] + shift, reference[1].copy()]
+    spread = hypotheses_diameter([reference, other])
+    updated = [a.copy() for a in reference]
+    n, alpha = 100_000, 1e-6
+    low, high = stats.chi2.ppf(alpha / 2, n), stats.chi2.ppf(1 - alpha / 2, n)
+
+    # Execute
+    released = mechanism.sanitize(
+        reference, updated, rng=np.random.default_rng(31), spread=spread
+    )
+    noise = np.concatenate([(x - r).ravel() for x, r in zip(released, reference, strict=True)])
+    energy = float(noise @ noise)
+
+    # Assert: z (2C + D) fits; z 2C (the spread ignored) is rejected: the test has power.
+    assert spread == pytest.approx(0.5, rel=1e-12)
+    sigma = mechanism.noise_multiplier * (2.0 * SETTINGS["clip"] + spread)
+    assert low < energy / sigma**2 < high
+    assert not low < energy / (mechanism.noise_multiplier * 2.0) ** 2 < high
+    assert mechanism.public_metrics(reference, updated, spread=spread)["sigma"] == (
+        pytest.approx(sigma, rel=1e-12)
+    )
+    assert mechanism.sigma(n, spread) == pytest.approx(sigma, rel=1e-12)
+
+
+def test_gaussian_event_does_not_depend_on_the_spread() -> None:
+    # The RDP cost of noise multiplier z relative to the true sensitivity 2C + D is that
+    # of GaussianDpEvent(z): the spread widens the noise, not the charge.
+    mechanism = GaussianMechanism(**SETTINGS)  # type: ignore[arg-type]
+    model = [np.zeros(3)]
+    assert mechanism.event(model, model) == GaussianReleaseEvent(mechanism.noise_multiplier)
 
 
 @pytest.mark.parametrize(
@@ -232,3 +327,22 @@ def test_sign_uses_the_clipped_update() -> None:
     assert np.all(expected < 0.999)
     stderr = np.sqrt(expected * (1 - expected) / count)
     assert np.all(np.abs(plus / count - expected) < 4.5 * stderr)
+
+
+def test_sign_ignores_the_spread() -> None:
+    # Prepare: the sign release depends on the data only through clip(delta), within 2C
+    # whatever hypothesis was chosen: the same seed gives the same release, and sigma is
+    # z * 2C, with or without a spread. (Had sigma grown to z (2C + 3), 3 of these 50
+    # signs would differ for this seed.)
+    mechanism = StochasticSign(clip=1.0, epsilon=20.0, delta=1e-3, planned_releases=1)
+    reference = [np.zeros(50)]
+    updated = [np.linspace(-0.2, 0.2, 50)]  # norm 0.83: not clipped
+
+    # Execute
+    plain = mechanism.sanitize(reference, updated, rng=np.random.default_rng(12))
+    spread = mechanism.sanitize(reference, updated, rng=np.random.default_rng(12), spread=3.0)
+
+    # Assert
+    np.testing.assert_array_equal(plain[0], spread[0])
+    metrics = mechanism.public_metrics(reference, updated, spread=3.0)
+    assert metrics["sigma"] == mechanism.noise_multiplier * 2.0

@@ -16,7 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from mechanisms import EuclideanLaplace, MetricPrivacyEvent, sample_euclidean_laplace
+from mechanisms import (
+    EuclideanLaplace,
+    MetricPrivacyEvent,
+    NeighbourhoodEvent,
+    sample_euclidean_laplace,
+)
 
 
 def draws(n: int, epsilon: float, count: int, seed: int) -> np.ndarray:
@@ -207,8 +212,8 @@ def model(*arrays: Any, dtype: type = np.float32) -> list[np.ndarray]:
     return [np.asarray(a, dtype=dtype) for a in arrays]
 
 
-def test_neighbourhood_event_is_n_over_nu_at_the_update_norm() -> None:
-    # Prepare: delta = (1, 2, 2, 0) has norm 3; n = 4, nu = 2 -> eps = 4/(2*3), cost n/nu = 2.
+def test_neighbourhood_event_is_n_over_nu_from_public_numbers_only() -> None:
+    # Prepare: delta = (1, 2, 2, 0) has norm 3; n = 4, nu = 2 -> cost n/nu = 2.
     reference = model([[0, 0], [0, 0]])
     updated = model([[1, 2], [2, 0]])
     mechanism = EuclideanLaplace(calibration="neighbourhood", noise_multiplier=2.0)
@@ -216,12 +221,33 @@ def test_neighbourhood_event_is_n_over_nu_at_the_update_norm() -> None:
     # Execute
     event = mechanism.event(reference, updated)
 
-    # Assert
-    assert isinstance(event, MetricPrivacyEvent)
-    ((epsilon, radius),) = event.layers
-    assert epsilon == pytest.approx(2.0 / 3.0, rel=1e-12)
-    assert radius == pytest.approx(3.0, rel=1e-12)
-    assert event.cost == pytest.approx(2.0, rel=1e-12)
+    # Assert: the event holds the block size and nu, nothing computed from ||delta||.
+    assert event == NeighbourhoodEvent((4,), 2.0)
+    assert event.family == "d-privacy"
+    assert event.cost == 2.0
+
+
+def test_neighbourhood_cost_is_bit_identical_whatever_the_update_norm() -> None:
+    # Prepare: n = 1000, nu = 7, updates whose norms range from 1e-3 to 1e3 (the two
+    # extremes and 200 log-uniform ones). Recording eps * ||delta|| with
+    # eps = n/(nu ||delta||) would miss n/nu in the last bits for some of these norms,
+    # and which ones would depend on the private ||delta||.
+    n, nu = 1000, 7.0
+    rng = np.random.default_rng(21)
+    direction = rng.standard_normal(n)
+    direction /= np.linalg.norm(direction)
+    norms = np.concatenate([[1e-3, 1e3], 10.0 ** rng.uniform(-3.0, 3.0, 200)])
+    reference = [np.zeros(n)]
+    mechanism = EuclideanLaplace(noise_multiplier=nu)
+
+    # Execute
+    events = [mechanism.event(reference, [direction * r]) for r in norms]
+
+    # Assert: == on floats, on purpose; and the product would not have passed.
+    assert all(e == NeighbourhoodEvent((n,), nu) for e in events)
+    assert all(e.cost == n / nu for e in events)
+    radii = [float(np.linalg.norm(direction * r)) for r in norms]
+    assert any(n / (nu * r) * r != n / nu for r in radii)
 
 
 def test_per_layer_costs_add_up_to_n_over_nu() -> None:
@@ -234,9 +260,8 @@ def test_per_layer_costs_add_up_to_n_over_nu() -> None:
     event = mechanism.event(reference, updated)
 
     # Assert
-    assert [e * r for e, r in event.layers] == pytest.approx([0.75, 1.25], rel=1e-12)
-    assert [r for _, r in event.layers] == pytest.approx([1.0, 5.0], rel=1e-12)
-    assert event.cost == pytest.approx(2.0, rel=1e-12)
+    assert event == NeighbourhoodEvent((3, 5), 4.0)
+    assert event.cost == 2.0
 
 
 def test_fixed_calibration_costs_epsilon_times_public_radius_per_layer() -> None:
@@ -249,7 +274,7 @@ def test_fixed_calibration_costs_epsilon_times_public_radius_per_layer() -> None
     layered = EuclideanLaplace(calibration="fixed", epsilon=0.5, public_radius=3.0, per_layer=True)
 
     # Assert: the cost does not depend on the data; per layer, three layers cost 3x.
-    assert whole.event(reference, updated).layers == ((0.5, 3.0),)
+    assert whole.event(reference, updated) == MetricPrivacyEvent(((0.5, 3.0),))
     assert whole.event(reference, reference).cost == pytest.approx(1.5)
     assert layered.event(reference, updated).cost == pytest.approx(4.5)
 
@@ -265,9 +290,9 @@ def test_zero_update_is_released_unchanged_and_still_charged() -> None:
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
     metrics = mechanism.public_metrics(reference, updated)
 
-    # Assert
-    assert event.layers == ((5 / 5.0, 1.0),)
-    assert event.cost == pytest.approx(1.0)
+    # Assert: the same event as for any other update of this model.
+    assert event == NeighbourhoodEvent((5,), 5.0)
+    assert event.cost == 1.0
     for out, upd in zip(released, updated, strict=True):
         np.testing.assert_array_equal(out, upd)
         assert out.dtype == upd.dtype
@@ -304,7 +329,7 @@ def test_subnormal_update_norm_is_treated_as_zero(nu: float) -> None:
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(2))
 
     # Assert
-    assert event.layers == ((2.0 / nu, 1.0),)
+    assert event == NeighbourhoodEvent((2,), nu)
     np.testing.assert_array_equal(released[0], updated[0])
 
 
@@ -396,6 +421,32 @@ def test_neighbourhood_sigma_scales_with_the_update_norm() -> None:
 
     # Assert
     assert sigma == pytest.approx(math.sqrt(5) * 1.5, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mechanism",
+    [
+        EuclideanLaplace(noise_multiplier=2.0),
+        EuclideanLaplace(calibration="fixed", epsilon=3.0, public_radius=1.0, per_layer=True),
+    ],
+    ids=repr,
+)
+def test_spread_does_not_change_the_release_or_sigma(mechanism: EuclideanLaplace) -> None:
+    # Prepare: d-privacy is a guarantee on the released point itself; the hypotheses'
+    # spread must not enter (neither the noise nor the declared sigma).
+    reference = model([0.0, 0.0, 0.0], [1.0, 1.0])
+    updated = model([0.5, -0.25, 0.0], [1.0, 2.0])
+
+    # Execute
+    plain = mechanism.sanitize(reference, updated, rng=np.random.default_rng(4))
+    spread = mechanism.sanitize(reference, updated, rng=np.random.default_rng(4), spread=50.0)
+
+    # Assert
+    for a, b in zip(plain, spread, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert mechanism.public_metrics(reference, updated, spread=50.0) == (
+        mechanism.public_metrics(reference, updated)
+    )
 
 
 def test_release_that_overflows_the_dtype_is_refused() -> None:

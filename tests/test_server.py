@@ -13,7 +13,7 @@ import pytest
 from server.app import build_components
 from server.cli import parse_node_configs, parse_pairs
 from server.results import plot_summary, privacy_report
-from server.settings import ConfigError, RunSettings
+from server.settings import RunSettings, SettingError
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"][
@@ -25,7 +25,7 @@ def test_the_shipped_defaults_are_valid() -> None:
     settings = RunSettings.from_run_config(DEFAULTS)
     assert (settings.task, settings.num_hypotheses, settings.mechanism) == ("synthetic", 2,
                                                                           "laplace")
-    assert settings.client.privacy.noise_multiplier == 5.0
+    assert settings.values["noise-multiplier"] == 5.0
 
 
 @pytest.mark.parametrize(
@@ -38,10 +38,12 @@ def test_the_shipped_defaults_are_valid() -> None:
         ({"clients-per-round": 0}, "clients-per-round"),
         ({"num-rounds": 1.5}, "num-rounds"),
         ({"eval-every": 0}, "eval-every"),
+        ({"ledger-dir": "/tmp/fresh"}, "ledger-dir belongs to the device"),
+        ({"privacy-budget": 2.0}, "unknown run-config setting"),
     ],
 )
 def test_invalid_run_config_names_the_setting(override: dict[str, Any], named: str) -> None:
-    with pytest.raises(ConfigError, match=named):
+    with pytest.raises(SettingError, match=named):
         RunSettings.from_run_config({**DEFAULTS, **override})
 
 
@@ -109,7 +111,7 @@ def test_cli_pairs_take_toml_values() -> None:
                        "--run-config") == {
         "num-rounds": 3, "noise-multiplier": 2.5, "task": "digits", "per-layer": True,
         "x": "abc"}
-    assert parse_node_configs(["2:privacy-budget=0.8", "2:epsilon=1"]) == {
-        2: {"privacy-budget": 0.8, "epsilon": 1}}
+    assert parse_node_configs(["2:cap-d-privacy=0.8", "2:epsilon=1"]) == {
+        2: {"cap-d-privacy": 0.8, "epsilon": 1}}
     with pytest.raises(SystemExit):
-        parse_node_configs(["privacy-budget=0.8"])
+        parse_node_configs(["cap-d-privacy=0.8"])

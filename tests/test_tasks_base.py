@@ -1,7 +1,9 @@
-"""Tests of the task contract: registry, settings readers, shared helpers, import cost."""
+"""Tests of the task contract: registry, settings via the schema, shared helpers, import cost."""
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +12,7 @@ import numpy as np
 import pytest
 
 import tasks
+from settings import SETTINGS, SettingError
 from tasks.base import (
     Dataset,
     Params,
@@ -21,7 +24,9 @@ from tasks.base import (
     resolve_users,
     user_seed,
 )
-from tasks.config import TaskSettingsError, get_float, get_int, get_str
+from tasks.config import TaskSettingsError, require_at_least
+from tasks.fairness import FairnessTask
+from tasks.synthetic import SyntheticTask
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +38,16 @@ def test_load_task_defaults_to_synthetic() -> None:
 
 
 def test_load_task_unknown_name_names_the_key() -> None:
-    with pytest.raises(ValueError, match=r"task=.*'nope'"):
+    with pytest.raises(SettingError, match=r"task must be one of .*got task='nope'"):
         tasks.load_task({"task": "nope"})
 
 
-def test_task_settings_error_is_a_value_error() -> None:
+def test_registry_holds_exactly_the_schema_task_names() -> None:
+    assert sorted(tasks.TASKS) == sorted(SETTINGS["task"].choices)
+
+
+def test_task_settings_error_is_a_setting_error() -> None:
+    assert issubclass(TaskSettingsError, SettingError)
     assert issubclass(TaskSettingsError, ValueError)
 
 
@@ -64,41 +74,57 @@ def test_device_module_import_is_light() -> None:
     assert result.returncode == 0, result.stderr
 
 
-# -- settings readers ---------------------------------------------------------------------------
-def test_get_int_accepts_int_integral_float_and_string() -> None:
-    assert get_int({"k": 3}, "k", 0) == 3
-    assert get_int({"k": 3.0}, "k", 0) == 3
-    assert get_int({"k": " 7 "}, "k", 0) == 7
-    assert get_int({}, "k", 5) == 5
+# -- settings through the schema ---------------------------------------------------------------
+def _task_classes() -> list[type]:
+    classes = []
+    for target in tasks.TASKS.values():
+        module_name, class_name = target.split(":")
+        classes.append(getattr(importlib.import_module(module_name), class_name))
+    return classes
 
 
-@pytest.mark.parametrize("value", [True, 2.5, "x", None, [1]])
-def test_get_int_rejects_non_integers_naming_key(value: object) -> None:
-    with pytest.raises(TaskSettingsError, match="users="):
-        get_int({"users": value}, "users", 0)
+@pytest.mark.parametrize("cls", _task_classes(), ids=lambda cls: cls.__name__)
+def test_constructor_defaults_are_the_schema_defaults(cls: type) -> None:
+    checked = 0
+    for parameter in inspect.signature(cls).parameters.values():
+        key = parameter.name.replace("_", "-")
+        if key in SETTINGS and parameter.default is not inspect.Parameter.empty:
+            assert parameter.default == SETTINGS[key].default, key
+            checked += 1
+    assert checked >= 3
 
 
-def test_get_int_bounds_name_key_and_value() -> None:
-    with pytest.raises(TaskSettingsError, match=r"samples-per-user must be >= 1.*=0"):
-        get_int({"samples-per-user": 0}, "samples-per-user", 10, minimum=1)
-    with pytest.raises(TaskSettingsError, match=r"k must be <= 3.*k=4"):
-        get_int({"k": 4}, "k", 0, maximum=3)
+def test_run_config_values_are_parsed_by_the_schema() -> None:
+    task = tasks.load_task({"samples-per-user": "7", "users": 4.0, "data-seed": " 2 "})
+    assert isinstance(task, SyntheticTask)
+    assert (task.samples_per_user, task.users, task.data_seed) == (7, 4, 2)
+    assert task.validation_users == SETTINGS["validation-users"].default
 
 
-def test_get_float_rules() -> None:
-    assert get_float({"p": "0.25"}, "p", 0.5) == 0.25
-    assert get_float({"p": 1}, "p", 0.5) == 1.0
-    for bad in (float("nan"), float("inf"), "abc", True):
-        with pytest.raises(TaskSettingsError, match="rotate-probability="):
-            get_float({"rotate-probability": bad}, "rotate-probability", 0.5)
-    with pytest.raises(TaskSettingsError, match=r"rotate-probability must be <= 1.0"):
-        get_float({"rotate-probability": 1.5}, "rotate-probability", 0.5, maximum=1.0)
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("samples-per-user", 0, "an integer >= 1"),
+        ("users", True, "an integer >= 0"),
+        ("data-seed", 2.5, "an integer >= 0"),
+        ("minority-fraction", 1.5, "a number >= 0 and <= 1"),
+        ("minority-fraction", float("nan"), "a number >= 0 and <= 1"),
+    ],
+)
+def test_constructor_and_run_config_reject_alike(key: str, value: object, allowed: str) -> None:
+    with pytest.raises(SettingError) as from_config:
+        tasks.load_task({"task": "fairness", key: value})
+    with pytest.raises(SettingError) as from_constructor:
+        FairnessTask(**{key.replace("-", "_"): value})  # type: ignore[arg-type]
+    assert str(from_config.value) == str(from_constructor.value)
+    assert str(from_config.value) == f"{key} must be {allowed}, got {key}={value!r}"
 
 
-def test_get_str() -> None:
-    assert get_str({"data-path": " /x "}, "data-path", "") == "/x"
-    with pytest.raises(TaskSettingsError, match="data-path=3"):
-        get_str({"data-path": 3}, "data-path", "")
+def test_require_at_least_names_key_task_and_value() -> None:
+    assert require_at_least("validation-users", 3, 1, task="digits") == 3
+    message = r"^validation-users must be >= 1 for task digits, got validation-users=0$"
+    with pytest.raises(TaskSettingsError, match=message):
+        require_at_least("validation-users", 0, 1, task="digits")
 
 
 # -- helpers ------------------------------------------------------------------------------------

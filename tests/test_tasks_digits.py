@@ -6,14 +6,14 @@ import hashlib
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-import tasks  # noqa: E402
-from tasks.config import TaskSettingsError  # noqa: E402
-from tasks.device import configure_torch_threads, resolve_device  # noqa: E402
-from tasks.digits import DigitsTask, digits_cnn, from_arrays, to_arrays  # noqa: E402
-from tasks.torch_support import count_parameters, rmse_loss, seeded_module  # noqa: E402
+import tasks
+from settings import SettingError
+from tasks.config import TaskSettingsError
+from tasks.device import configure_torch_threads, resolve_device
+from tasks.digits import DigitsTask, digits_cnn, from_arrays, to_arrays
+from tasks.torch_support import count_parameters, rmse_loss, seeded_module
 
 USERS = 20
 
@@ -78,8 +78,10 @@ def test_rotation_is_per_user_and_counter_clockwise() -> None:
 def test_settings_errors_name_the_key() -> None:
     with pytest.raises(ValueError, match="rotate-probability"):
         tasks.load_task({"task": "digits", "rotate-probability": 2})
-    with pytest.raises(ValueError, match="validation-users"):
+    with pytest.raises(TaskSettingsError, match=r"validation-users must be <= 359 .*=400"):
         tasks.load_task({"task": "digits", "validation-users": 400})
+    with pytest.raises(TaskSettingsError, match=r"validation-users must be >= 1 .*=0"):
+        tasks.load_task({"task": "digits", "validation-users": 0})
     task = DigitsTask(users=10)
     with pytest.raises(ValueError, match=r"users=10.*num-partitions=9"):
         task.client_dataset(0, 9)
@@ -231,8 +233,10 @@ def test_rmse_loss_compares_probabilities_with_one_hot_labels() -> None:
     [("model", "resnet"), ("partition", "shards"), ("loss", "hinge"), ("dirichlet-alpha", 0.0)],
 )
 def test_bad_digits_settings_name_the_setting(key: str, value: object) -> None:
-    with pytest.raises(TaskSettingsError, match=key):
+    with pytest.raises(SettingError, match=rf"^{key} must be .*, got {key}={value!r}$"):
         tasks.load_task({"task": "digits", key: value})
+    with pytest.raises(SettingError, match=rf"^{key} must be .*, got {key}={value!r}$"):
+        DigitsTask(**{key.replace("-", "_"): value})  # type: ignore[arg-type]
 
 
 def test_parity_labels_flip_for_rotated_users_and_evaluate_reports_fairness() -> None:
@@ -261,9 +265,9 @@ def test_parity_labels_flip_for_rotated_users_and_evaluate_reports_fairness() ->
     validation = parity.validation_datasets()
     y_pred = np.concatenate([parity.predict(params, d.x).argmax(axis=1) for d in validation])
     y_true = np.concatenate([d.y for d in validation])
-    rotated = np.concatenate([d.group for d in validation])
-    assert 0 < rotated.sum() < rotated.size
-    expected = fairness_metrics(y_true, y_pred, 1 - rotated)
+    groups = np.concatenate([d.group for d in validation])
+    assert 0 < groups.sum() < groups.size
+    expected = fairness_metrics(y_true, y_pred, 1 - groups)
     got = parity.evaluate([params], validation)
     for key, value in expected.items():
         assert got[key] == pytest.approx(value), key

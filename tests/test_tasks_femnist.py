@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-
 import tasks
 from tasks.femnist import PAPER_NUM_PARAMETERS, FemnistTask, femnist_cnn, load_leaf
 from tasks.torch_support import count_parameters

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("zipcodes")
+import zipcodes
 
 import tasks
+from settings import SETTINGS
 from tasks.hospital import (
     HospitalTask,
     hospital_mlp,
@@ -95,6 +94,8 @@ def test_model_has_eleven_parameters() -> None:
 
 def test_zip_lookup() -> None:
     lon, lat = zip_coordinates("2134")  # type: ignore[misc]
+    record = zipcodes.matching("02134")[0]
+    assert (lon, lat) == (float(record["long"]), float(record["lat"]))
     assert -71.5 < lon < -70.8 and 42.0 < lat < 42.6
     assert zip_coordinates("00000") is None and zip_coordinates("") is None
 
@@ -129,6 +130,10 @@ def test_provider_split_is_seeded_disjoint_and_covering(cms_csv: Path) -> None:
     assert [d.user for d in task.validation_datasets()] == list(task.validation_providers)
     assert len(_task(cms_csv, **{"validation-users": 2}).validation_datasets()) == 2
     assert len(_task(cms_csv).validation_datasets()) == 3  # the default 20 is a cap
+    # Built directly, the task takes the same default as from a run config.
+    direct = HospitalTask(str(cms_csv))
+    assert direct.validation_users == SETTINGS["validation-users"].default
+    assert direct.validation_providers == _task(cms_csv).validation_providers
 
 
 def test_training_reduces_the_rmse(cms_csv: Path) -> None:
@@ -162,7 +167,7 @@ def test_errors_name_the_setting(tmp_path: Path, cms_csv: Path) -> None:
     bad.write_text("DRG Definition,Provider Id\n194 - SIMPLE PNEUMONIA,1\n")
     with pytest.raises(ValueError, match=r"lacks the CMS column.*Provider Zip Code"):
         tasks.load_task({"task": "hospital", "data-path": str(bad)})
-    with pytest.raises(ValueError, match=r"validation-users must be >= 0"):
+    with pytest.raises(ValueError, match=r"validation-users must be an integer >= 0, .*=-1"):
         _task(cms_csv, **{"validation-users": -1})
     with pytest.raises(ValueError, match=r"users=5.*num-partitions=7"):
         _task(cms_csv, users=5).client_dataset(0, 7)

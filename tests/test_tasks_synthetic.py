@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import tasks
+from settings import SettingError
 from tasks.config import TaskSettingsError
-from tasks.synthetic import SyntheticTask, parse_optima, rmse_gradient
+from tasks.synthetic import SyntheticTask, optima_array, rmse_gradient
 
 PAPER = {"task": "synthetic", "optima": "5,6;4,-4.5"}
 THETA = np.array([[5.0, 6.0], [4.0, -4.5]])
@@ -21,15 +22,29 @@ def _task(**config: object) -> SyntheticTask:
     return task
 
 
-def test_parse_optima() -> None:
-    np.testing.assert_array_equal(parse_optima("5,6;4,-4.5"), THETA)
-    np.testing.assert_array_equal(parse_optima(" 1 , 2 , 3 "), [[1.0, 2.0, 3.0]])
+def test_optima_array() -> None:
+    np.testing.assert_array_equal(optima_array("5,6;4,-4.5"), THETA)
+    np.testing.assert_array_equal(optima_array(" 1 , 2 , 3 "), [[1.0, 2.0, 3.0]])
+    np.testing.assert_array_equal(optima_array(THETA.tolist()), THETA)
+    assert not optima_array("5,6;4,-4.5").flags.writeable
+    np.testing.assert_array_equal(_task().optima, THETA)
 
 
-@pytest.mark.parametrize("text", ["5,6;4", "a,b", "1,inf", "", "1,2;", "1,,2"])
+@pytest.mark.parametrize("text", ["5,6;4", "a,b", "1,inf", "", "1,,2"])
 def test_bad_optima_name_the_key(text: str) -> None:
-    with pytest.raises(TaskSettingsError, match="optima"):
+    with pytest.raises(SettingError, match=rf"^optima: .*, got optima={text!r}$"):
         tasks.load_task({"task": "synthetic", "optima": text})
+    with pytest.raises(SettingError, match=rf"^optima: .*, got optima={text!r}$"):
+        SyntheticTask(text)
+
+
+@pytest.mark.parametrize(
+    ("optima", "message"),
+    [([1.0, 2.0], r"shape \(groups, n\)"), ([[1.0, np.inf]], "finite")],
+)
+def test_bad_optima_arrays_name_the_key(optima: object, message: str) -> None:
+    with pytest.raises(TaskSettingsError, match=f"optima must .*{message}"):
+        SyntheticTask(optima)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -43,8 +58,14 @@ def test_bad_optima_name_the_key(text: str) -> None:
     ],
 )
 def test_bad_settings_name_the_key(key: str, value: object) -> None:
-    with pytest.raises(ValueError, match=f"{key}"):
+    with pytest.raises(SettingError, match=f"{key}.*got {key}={value!r}"):
         tasks.load_task({**PAPER, key: value})
+
+
+def test_validation_users_zero_is_refused_by_the_task() -> None:
+    # The schema allows 0 (the hospital task's "all"); the synthetic task needs a user.
+    with pytest.raises(TaskSettingsError, match="validation-users must be >= 1 for task synthetic"):
+        SyntheticTask(validation_users=0)
 
 
 def test_data_are_deterministic_across_instances() -> None:
