@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["ABSOLUTE_NORM_CAP", "GAUSSIAN_TAIL", "RELATIVE_FACTOR", "NormLimits",
-           "hypotheses_diameter", "nearest_distances", "screen_norms"]
+           "hypotheses_diameter", "measure", "nearest_distances", "screen_norms"]
 
 #: Rule 1: the largest L2 norm of a release (see the module notes).
 ABSOLUTE_NORM_CAP = 1e15
@@ -48,6 +48,9 @@ RELATIVE_FACTOR = 1000.0
 GAUSSIAN_TAIL = 10.0
 #: Rule 2: relative room for the float32 rounding of a release (2⁻²⁴ per coordinate, rounded up).
 _ROUNDING = 1e-6
+#: float64 values per block of releases measured at once: a round's matrix can be hundreds of
+#: MiB (100 replies of 10⁶ parameters), so it is measured a few rows at a time (~32 MiB).
+_BLOCK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -85,17 +88,30 @@ def hypotheses_diameter(hypotheses: np.ndarray) -> float:
     return best
 
 
+def measure(released: np.ndarray, hypotheses: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ‖x‖ and d(x) = min_j ‖x − θ_j‖ for each row x of ``released``, in float64.
+
+    Exact differences (not ‖x‖² − 2x·θ + ‖θ‖², whose cancellation would blur small distances),
+    over blocks of rows, so that the float64 temporaries stay small whatever the round's size.
+    """
+    m, n = released.shape
+    h = hypotheses.astype(np.float64)
+    norms = np.empty(m)
+    distances = np.full(m, np.inf)
+    step = max(1, _BLOCK // max(n, 1))
+    for start in range(0, m, step):
+        x = released[start:start + step].astype(np.float64)
+        norms[start:start + step] = np.sqrt(np.einsum("ij,ij->i", x, x))
+        block = distances[start:start + step]
+        for row in h:
+            diff = x - row
+            np.minimum(block, np.sqrt(np.einsum("ij,ij->i", diff, diff)), out=block)
+    return norms, distances
+
+
 def nearest_distances(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
     """Return d(x) = min_j ‖x − θ_j‖ for each row x of ``released``, in float64."""
-    h = hypotheses.astype(np.float64)
-    x = released.astype(np.float64)
-    out = np.full(released.shape[0], np.inf)
-    # One hypothesis at a time: an (m, n) float64 temporary rather than (m, k, n), and exact
-    # differences rather than ‖x‖² − 2x·θ + ‖θ‖², whose cancellation would blur small distances.
-    for row in h:
-        diff = x - row
-        np.minimum(out, np.sqrt(np.einsum("ij,ij->i", diff, diff)), out=out)
-    return out
+    return measure(released, hypotheses)[1]
 
 
 def screen_norms(
@@ -131,9 +147,7 @@ def screen_norms(
     reasons: list[str | None] = [None] * m
     if limits.mechanism == "sign" or m == 0:
         return reasons, np.zeros(m)
-    norms = np.sqrt(np.einsum("ij,ij->i", released.astype(np.float64),
-                              released.astype(np.float64)))
-    distances = nearest_distances(released, hypotheses)
+    norms, distances = measure(released, hypotheses)
     diameter = hypotheses_diameter(hypotheses)
     for i in range(m):
         if norms[i] > ABSOLUTE_NORM_CAP:
