@@ -67,6 +67,10 @@ _LOG = logging.getLogger(__name__)
 RELEASES: tuple[str, ...] = ("parameters", "sign")
 # Config keys the strategy sets itself; ``fit_config`` may not override them.
 _RESERVED_CONFIG = ("num-hypotheses", "server-round")
+#: How long the first round waits for ``clients_per_round`` devices (beyond ``min_replies``):
+#: devices started together register within seconds, and a federation smaller than
+#: ``clients_per_round`` should not wait a whole round timeout to find that out.
+_FORMING_GRACE_S = 15.0
 #: Version of :meth:`ClusteredStrategy.state`'s layout.
 STATE_VERSION = 1
 
@@ -104,10 +108,11 @@ class ClusteredStrategy(Strategy):
         Usable replies a round needs to change the hypotheses (fewer: they are kept, and the
         record says why). A round starts only once this many clients are connected.
     round_timeout : float
-        Seconds ``configure_fit`` waits for clients to connect: in the first round of this
-        process (the federation is forming) for ``clients_per_round`` of them, later for
-        ``min_replies``. If fewer than ``min_replies`` are connected then, the run stops
-        (``incomplete_reason`` says why). The replies' deadline is Flower's own round timeout.
+        Seconds ``configure_fit`` waits for ``min_replies`` clients to connect; if fewer are
+        connected then, the run stops (``incomplete_reason`` says why). In the first round of
+        this process, while the federation forms, it first waits up to 15 s (at most
+        ``round_timeout``) for ``clients_per_round`` of them. The replies' deadline is Flower's
+        own round timeout.
     release : {"parameters", "sign"}
         What clients release: sanitized parameters (k-means + cluster means), or stochastic
         signs of their update (majority vote; only with k = 1).
@@ -330,12 +335,17 @@ class ClusteredStrategy(Strategy):
             return []
         self._client_manager = client_manager
         connected = client_manager.num_available()
-        want = self.clients_per_round if self._forming else self.min_replies
+        if self._forming and connected < self.clients_per_round:
+            grace = min(self.round_timeout, _FORMING_GRACE_S)
+            _LOG.info("round %d: %d devices connected; waiting up to %g s for "
+                      "clients-per-round=%d", t, connected, grace, self.clients_per_round)
+            client_manager.wait_for(self.clients_per_round, timeout=math.ceil(grace))
+            connected = client_manager.num_available()
         self._forming = False
-        if connected < want:
-            _LOG.info("round %d: %d devices connected; waiting up to %g s for %d", t, connected,
-                      self.round_timeout, want)
-            client_manager.wait_for(want, timeout=math.ceil(self.round_timeout))
+        if connected < self.min_replies:
+            _LOG.info("round %d: %d devices connected; waiting up to %g s for min-replies=%d",
+                      t, connected, self.round_timeout, self.min_replies)
+            client_manager.wait_for(self.min_replies, timeout=math.ceil(self.round_timeout))
         available = client_manager.all()
         cids = sorted(available)
         if len(cids) < self.min_replies:

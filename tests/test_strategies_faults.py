@@ -374,3 +374,38 @@ def test_restore_refuses_a_state_of_other_shapes() -> None:
         make(hyp([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])).restore(state, arrays)
     with pytest.raises(ValueError, match="this run has 1"):
         make(hyp([1.0, 1.0])).restore(state, arrays)
+
+
+class TimedManager(FakeManager):
+    """Records each wait with its timeout."""
+
+    def __init__(self, cids: Sequence[str]) -> None:
+        super().__init__(cids)
+        self.waits: list[tuple[int, int]] = []
+
+    def wait_for(self, num_clients: int, timeout: int) -> bool:
+        self.waits.append((num_clients, timeout))
+        return super().wait_for(num_clients, timeout)
+
+
+def test_a_small_federation_waits_once_briefly_and_then_samples_what_is_connected() -> None:
+    # Prepare: 3 devices, the default 7 per round (`--supernodes 3` used to hang for a day).
+    manager = TimedManager(["a", "b", "c"])
+    strategy = make(hyp([0.0]), clients_per_round=7, round_timeout=60.0)
+
+    # Execute
+    first = strategy.configure_fit(1, Parameters([], ""), manager)
+    second = strategy.configure_fit(2, Parameters([], ""), manager)
+
+    # Assert: one wait of at most 15 s for 7, in the first round only; then all 3 are sampled.
+    assert manager.waits == [(7, 15)]
+    assert len(first) == len(second) == 3
+
+
+def test_the_wait_for_min_replies_is_the_round_timeout() -> None:
+    manager = TimedManager(["a"])
+    strategy = make(hyp([0.0]), clients_per_round=2, min_replies=2, round_timeout=7.5)
+
+    assert strategy.configure_fit(1, Parameters([], ""), manager) == []
+    assert manager.waits == [(2, 8), (2, 8)]  # forming (min(15, 7.5)), then min-replies
+    assert strategy.incomplete_reason == "round 1: too few devices: 1 connected, min-replies=2"
