@@ -211,7 +211,11 @@ class ReplyScreen:
         cids: list[str] = []
         for _, cid, res, sigma in candidates:
             row = matrix[len(cids)]
-            reason = self._load(res.parameters, row)
+            try:
+                reason = self._load(res.parameters, row)
+            except Exception as err:  # a last guard: a reply never stops the ServerApp
+                _LOG.exception("round %d: unexpected error reading a reply", t)
+                reason = f"unreadable reply ({type(err).__name__})"
             if reason is not None:
                 drop(cid, reason)
                 continue
