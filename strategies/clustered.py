@@ -249,6 +249,7 @@ class ClusteredStrategy(Strategy):
         self.rounds_completed = 0
         self.last_round = 0
         self.round_offset = 0
+        self._restored = False
         self.best_loss: float | None = None
         self.best_round: int | None = None
         # _flat is never modified in place (each round makes a new matrix), so keeping a
@@ -481,7 +482,7 @@ class ClusteredStrategy(Strategy):
         """
         t = self._round(server_round)
         if server_round == 0:
-            if self.round_offset:
+            if self._restored:
                 return None
             k = self.num_hypotheses
             result = _RoundResult(0, [0] * k, 0, 0, [], 0, None, None, [], [], None, 0)
@@ -582,6 +583,7 @@ class ClusteredStrategy(Strategy):
         self._rng.bit_generator.state = rng_state
         self._flat, self._best_flat = flat.copy(), best.copy()
         self.last_round = self.round_offset = int(state["round"])
+        self._restored = True
         self.rounds_completed = int(state["rounds_completed"])
         self.best_loss = state["best_loss"]
         self.best_round = state["best_round"]

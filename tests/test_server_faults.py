@@ -252,3 +252,16 @@ def test_resume_refuses_another_runs_checkpoint(
 def test_resume_from_a_folder_without_checkpoint_is_refused(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         build_components(config(tmp_path, **{"resume-from": str(tmp_path / "nowhere")}))
+
+
+def test_resuming_after_round_0_does_not_record_round_0_twice(tmp_path: Path) -> None:
+    started(config(tmp_path))  # round 0 recorded and checkpointed, then the ServerApp died
+
+    components, _ = build_components(config(tmp_path, **{"resume-from": str(tmp_path)}))
+    strategy = components.strategy
+    assert isinstance(strategy, ClusteredStrategy)
+    assert strategy.evaluate(0, Parameters([], "")) is None
+    play(strategy, FakeManager(NODES), range(1, 5))
+
+    assert components.config.num_rounds == 4
+    assert [e["round"] for e in summary_of(tmp_path)["history"]] == [0, 1, 2, 3, 4]
