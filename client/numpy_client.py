@@ -7,8 +7,9 @@ One ``fit``:
 1. combine the run config's request with the policy; a forbidden request is declined before
    anything is computed (:class:`~client.policy.PolicyDecline`: nothing charged, a log line, and
    ``declined-by = "policy"`` in the reply);
-2. check the instruction (k hypotheses of the task's shapes, finite float values): a malformed
-   one is refused with a clear error, nothing charged;
+2. check the instruction (k hypotheses of the task's shapes, finite float values no larger
+   than the device's ``max-parameter``): a malformed one is refused with a clear error, nothing
+   computed, charged or released;
 3. choose the best hypothesis on the local data, train it, charge the release to the ledger
    (declining when the cap would be passed), sanitize with noise from the device's own entropy,
    reply with the release and public metrics only.
@@ -116,15 +117,30 @@ def spend_metrics(spend: Spend) -> dict[str, float | int]:
 
 
 def split_hypotheses(
-    parameters: Arrays, config: dict[str, Any], shapes: list[tuple[int, ...]]
+    parameters: Arrays,
+    config: dict[str, Any],
+    shapes: list[tuple[int, ...]],
+    max_abs: float = float("inf"),
 ) -> list[Arrays]:
     """Check the server's instruction and split it into k hypotheses of the task's shapes.
+
+    Parameters
+    ----------
+    parameters : list of np.ndarray
+        The k × L arrays the server sent.
+    config : dict
+        The instruction's config (``num-hypotheses``).
+    shapes : list of tuple of int
+        The task's layer shapes.
+    max_abs : float
+        The largest magnitude a value may have (the device's ``max-parameter``).
 
     Raises
     ------
     InstructionError
         A count that does not divide into ``num-hypotheses``, a shape that is not the task's,
-        a non-float dtype, or a non-finite value (the message holds public values only).
+        a non-float dtype, a non-finite value or one beyond ``max_abs`` (the message holds
+        public values only).
     """
     k = config.get("num-hypotheses", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -149,6 +165,12 @@ def split_hypotheses(
                 )
             if not np.isfinite(array).all():
                 raise InstructionError(f"hypothesis {j}, layer {i}: non-finite values")
+            largest = float(np.abs(array).max()) if array.size else 0.0
+            if largest > max_abs:
+                raise InstructionError(
+                    f"hypothesis {j}, layer {i}: a value of magnitude {largest:.3g} is beyond "
+                    f"this device's max-parameter={max_abs:g}"
+                )
         hypotheses.append(list(arrays))
     return hypotheses
 
@@ -203,7 +225,8 @@ class GpflClient(NumPyClient):
         server_round = config.get("server-round", 0)
         if isinstance(server_round, bool) or not isinstance(server_round, int) or server_round < 0:
             raise InstructionError(f"server-round must be an integer >= 0, got {server_round!r}")
-        hypotheses = split_hypotheses(parameters, config, self.task.parameter_shapes)
+        hypotheses = split_hypotheses(parameters, config, self.task.parameter_shapes,
+                                      max_abs=float(self.policy["max-parameter"]))
         try:
             # Opening the ledger reads and validates it: a corrupt or vanished ledger stops
             # the client here, before it trains or releases anything.

@@ -72,7 +72,10 @@ def make_replies(
             status=Status(code=Code.OK, message=""),
             parameters=ndarrays_to_parameters([vector]),
             num_examples=1,
-            metrics={"declined": 0, "sigma": sigma, "mechanism": "gaussian"},
+            # Laplace with a fixed calibration declares σ; the magnitude rules are then the
+            # absolute cap and the relative rule (the Gaussian bound would need real releases).
+            metrics={"declined": 0, "sigma": sigma, "mechanism": "laplace",
+                     "client-name": f"client-{i}"},
         )
         results.append((_Proxy(str(i)), res))
     # Start each hypothesis near its centre, perturbed: k-means has work to do.

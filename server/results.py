@@ -1,8 +1,11 @@
-"""Results of a run: the per-round line, ``summary.json`` and the figure.
+"""Results of a run: the per-round line, ``summary.json``, the checkpoint and the figure.
 
-The summary is rewritten (atomically) after every round, so a run that is
-interrupted still leaves what it had learnt, and the final file is complete
-once the last round is recorded.
+After every round the checkpoint (:mod:`server.checkpoint`) and then the summary are rewritten
+(atomically), so a run that is interrupted still leaves what it had learnt and can be resumed,
+and the final file is complete once the last round is recorded. The summary's ``status`` says
+where the run stands: ``running`` (also what a killed or crashed ServerApp leaves behind),
+``complete``, ``stopped-early`` (patience ran out) or ``incomplete`` (``incomplete_reason``
+says why, e.g. too few devices connected).
 """
 
 from __future__ import annotations
@@ -13,23 +16,29 @@ import math
 import os
 import statistics
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
+
 logger = logging.getLogger(__name__)
 
 ROUND_TAG = "[gpfl]"
+STATUSES = ("running", "complete", "stopped-early", "incomplete")
 
 
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
     """Return a client's total spend in its mechanism's own terms.
 
     ε·r (d-privacy) for Laplace, the RDP-composed ε for Gaussian and sign,
-    ``None`` (unbounded) without a mechanism.
+    ``None`` (unbounded) without a mechanism, or for a device never heard from.
     """
+    if "client-name" not in metrics:
+        return None
     if mechanism == "laplace":
         return float(metrics.get("spend-d", 0.0))
     if mechanism in ("gaussian", "sign"):
@@ -37,19 +46,26 @@ def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
     return None
 
 
+_COUNTS = ("sampled", "participations", "declines", "dropped", "failures", "missing")
+_MAXIMA = ("spend", "releases", "spend_d", "epsilon", "delta")
+
+
 def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]:
-    """Build the ``privacy`` section: per-client spend, median and maximum (001's Table 1)."""
+    """Build the ``privacy`` section: per-client spend, median and maximum (001's Table 1).
+
+    Records are merged by ``client-name``: a device restarted under a new node id (which the
+    strategy accepts once its earlier node is gone) keeps one entry, its counts summed and its
+    spend the largest it ever reported (a ledger only grows, so a lower report never lowers
+    it). A node never heard from is listed as ``node <id>`` with no spend.
+    """
     per_client: dict[str, Any] = {}
-    # A client restarted under a new node id reports under the same name: its
-    # records are merged, its spend is the one its ledger reported last.
     for cid, record in clients.items():
         metrics = dict(record.metrics)
-        name = str(metrics.get("client-name", cid))
+        name = str(metrics.get("client-name") or f"node {cid}")
         entry = {
             "node_ids": [cid],
-            "participations": record.participations,
-            "declines": record.declines,
-            "dropped": record.dropped,
+            **{key: int(getattr(record, key, 0)) for key in _COUNTS},
+            "last_round": int(getattr(record, "last_round", 0)),
             "spend": spend_of(mechanism, metrics),
             "releases": int(metrics.get("releases", 0)),
             "spend_d": float(metrics.get("spend-d", 0.0)),
@@ -61,9 +77,12 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
         }
         if name in per_client:
             old = per_client[name]
-            merged = dict(entry if entry["releases"] >= old["releases"] else old)
-            for key in ("participations", "declines", "dropped"):
+            merged = dict(entry if entry["last_round"] >= old["last_round"] else old)
+            for key in _COUNTS:
                 merged[key] = old[key] + entry[key]
+            for key in _MAXIMA:
+                values = [v for v in (old[key], entry[key]) if v is not None]
+                merged[key] = max(values) if values else None
             merged["node_ids"] = [*old["node_ids"], cid]
             entry = merged
         per_client[name] = entry
@@ -90,11 +109,13 @@ def round_line(record: Any, num_rounds: int, privacy: Mapping[str, Any]) -> str:
     spend = (
         "-" if median is None else f"{median:.3g}/{maximum:.3g}"
     )
+    kept = getattr(record, "kept", None)
     return (
         f"{ROUND_TAG} round {record.round}/{num_rounds} val_loss {loss} "
         f"clusters {list(record.cluster_sizes)} replies {record.replies} "
+        f"missing {len(getattr(record, 'missing', []))} "
         f"declined {record.declined} dropped {len(record.dropped)} failed {record.failures} "
-        f"spend(median/max) {spend}"
+        f"spend(median/max) {spend}" + (f" (hypotheses kept: {kept})" if kept else "")
     )
 
 
@@ -113,7 +134,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON so that a reader never sees a half-written file."""
+    """Write JSON so that a reader never sees a half-written file (temp file, os.replace)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
@@ -137,6 +158,10 @@ def history_entry(record: Any) -> dict[str, Any]:
         "declined": record.declined,
         "dropped": [list(d) for d in record.dropped],
         "failures": record.failures,
+        "sampled": getattr(record, "sampled", 0),
+        "missing": list(getattr(record, "missing", [])),
+        "failed": [list(f) for f in getattr(record, "failed", [])],
+        "kept": getattr(record, "kept", None),
     }
     if record.released is not None:
         entry["released"] = record.released
@@ -209,42 +234,70 @@ def plot_summary(summary: Mapping[str, Any], path: Path) -> Path | None:
 
 
 class RunRecorder:
-    """Turns each round of the strategy into a log line and an updated summary.
+    """Turns each round of the strategy into a log line, a checkpoint and an updated summary.
 
     Parameters
     ----------
     out_dir : Path
-        Where ``summary.json`` is written.
+        Where ``summary.json`` and ``checkpoint.npz`` are written.
     config : Mapping[str, Any]
         The run config, stored in the summary as given.
     num_rounds : int
-        The planned number of rounds (for the progress line).
+        The planned number of rounds (for the progress line and the status).
     mechanism : str
         The privacy mechanism, which decides how spend is reported.
     task_info : Mapping[str, Any]
         Task facts worth keeping with the results (e.g. the synthetic optima).
+    identity : Mapping[str, Any], optional
+        What a resumed run must share with this one (:func:`server.checkpoint.run_identity`);
+        stored in the checkpoint.
     """
 
     def __init__(self, out_dir: Path, config: Mapping[str, Any], num_rounds: int,
-                 mechanism: str, task_info: Mapping[str, Any] | None = None) -> None:
+                 mechanism: str, task_info: Mapping[str, Any] | None = None,
+                 identity: Mapping[str, Any] | None = None) -> None:
         self.out_dir = out_dir
         self.config = dict(config)
         self.num_rounds = num_rounds
         self.mechanism = mechanism
         self.task_info = dict(task_info or {})
+        self.identity = dict(identity or {})
         self.strategy: Any = None
         self.initial_hypotheses: list[list[float]] = []
         self.history: list[dict[str, Any]] = []
+        #: One entry per resume: the round the run continued after.
+        self.resumed: list[dict[str, Any]] = []
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """Where the checkpoint is written after each round."""
+        return self.out_dir / CHECKPOINT_NAME
 
     def attach(self, strategy: Any) -> None:
         """Give the recorder the strategy whose state it reports."""
         self.strategy = strategy
         self.initial_hypotheses = flat_hypotheses(strategy.hypotheses)
 
+    def status(self) -> tuple[str, str | None]:
+        """Return the run's status (one of :data:`STATUSES`) and why it is incomplete."""
+        s = self.strategy
+        if s.incomplete_reason is not None:
+            return "incomplete", s.incomplete_reason
+        if s.stopped_early:
+            return "stopped-early", None
+        if s.last_round >= self.num_rounds:
+            return "complete", None
+        return "running", None
+
     def summary(self) -> dict[str, Any]:
         """Return the current ``summary.json`` content."""
         s = self.strategy
+        status, reason = self.status()
         return {
+            "status": status,
+            "incomplete_reason": reason,
+            "num_rounds": self.num_rounds,
+            "last_round": s.last_round,
             "config": self.config,
             "task_info": self.task_info,
             "rounds_completed": s.rounds_completed,
@@ -259,15 +312,67 @@ class RunRecorder:
             "last_hypotheses": flat_hypotheses(s.hypotheses),
             "initial_hypotheses": self.initial_hypotheses,
             "history": self.history,
+            "resumed": self.resumed,
+            "checkpoint": str(self.checkpoint_path),
             "privacy": privacy_report(self.mechanism, s.clients),
         }
 
-    def on_round(self, record: Any) -> None:
-        """Record one round: log its line and rewrite the summary."""
-        self.history.append(history_entry(record))
+    def checkpoint(self) -> None:
+        """Write the checkpoint of the last recorded round (atomically)."""
+        state, arrays = self.strategy.state()
+        write_checkpoint(self.checkpoint_path, {
+            "identity": self.identity,
+            "strategy": state,
+            "recorder": {"history": self.history, "initial_hypotheses": self.initial_hypotheses,
+                         "resumed": self.resumed},
+        }, arrays)
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue the history of a checkpoint's recorder (after the strategy's restore)."""
+        recorder = state["recorder"]
+        self.history = list(recorder["history"])
+        self.initial_hypotheses = list(recorder["initial_hypotheses"])
+        self.resumed = [*recorder.get("resumed", []),
+                        {"after_round": self.strategy.last_round,
+                         "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
+
+    def write(self) -> dict[str, Any]:
+        """Rewrite ``summary.json``; return its content."""
         summary = self.summary()
+        write_json_atomic(self.out_dir / "summary.json", summary)
+        return summary
+
+    def on_round(self, record: Any) -> None:
+        """Record one round: checkpoint, summary, then its line (so the line means "saved")."""
+        self.history.append(history_entry(record))
+        self.checkpoint()
+        summary = self.write()
         logger.info(round_line(record, self.num_rounds, summary["privacy"]))
         if self.strategy.stopped_early and record.val_loss is not None:
             logger.info("%s stopped early after round %d: no improvement", ROUND_TAG,
                         record.round)
-        write_json_atomic(self.out_dir / "summary.json", summary)
+
+    def on_stop(self, reason: str) -> None:
+        """Record that the run stops before its last round (too few devices)."""
+        self.write()
+        logger.error("%s run incomplete: %s; the checkpoint of round %d is in %s: continue "
+                     "with resume-from=%s", ROUND_TAG, reason, self.strategy.last_round,
+                     self.out_dir, self.out_dir)
+
+
+def mark_incomplete(out_dir: Path, reason: str) -> dict[str, Any] | None:
+    """Mark a run's summary ``incomplete`` if it still says ``running``; return it.
+
+    For whoever watched a ServerApp that died without saying so (killed, crashed): the summary
+    is left as it was after the last completed round, which the checkpoint holds too.
+    Returns ``None`` if there is no summary.
+    """
+    path = out_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    if summary.get("status", "running") == "running":
+        summary["status"] = "incomplete"
+        summary["incomplete_reason"] = reason
+        write_json_atomic(path, summary)
+    return dict(summary)

@@ -37,6 +37,9 @@ class RunSettings:
     patience: int
     seed: int | None
     out_dir: Path | None
+    round_timeout: float
+    min_replies: int
+    resume_from: Path | None
     values: dict[str, Any]
 
     @classmethod
@@ -65,6 +68,11 @@ class RunSettings:
                 "(under the neighbourhood calibration σ would reveal ‖δ‖); use "
                 "aggregation='mean', or a gaussian, sign or fixed-calibration laplace mechanism"
             )
+        if v["min-replies"] > v["clients-per-round"]:
+            raise SettingError(
+                f"min-replies={v['min-replies']} can never be reached with clients-per-round="
+                f"{v['clients-per-round']}: a round gets at most clients-per-round replies"
+            )
         seed = v["seed"]
         return cls(
             task=v["task"],
@@ -79,6 +87,9 @@ class RunSettings:
             patience=v["patience"],
             seed=seed if seed >= 0 else None,
             out_dir=Path(v["out-dir"]).expanduser() if v["out-dir"] else None,
+            round_timeout=v["round-timeout"],
+            min_replies=v["min-replies"],
+            resume_from=Path(v["resume-from"]).expanduser() if v["resume-from"] else None,
             values=v,
         )
 

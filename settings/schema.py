@@ -284,6 +284,21 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "server-side randomness (sampling, initial hypotheses, client batch order); "
             "-1 = OS entropy; never the privacy noise", minimum=-1),
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
+    # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
+    # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an
+    # error, so the round ends then with the replies that arrived. 60 s is ~4x a real-process
+    # round here (12-16 s with 10 SuperNodes on 2 cores, docs/RESULTS.md) and ~25x a simulated
+    # round of 100 clients: honest devices are not cut off, and a stuck one costs one minute.
+    Setting("round-timeout", float, 60.0,
+            "seconds a round waits for replies (and, before it starts, for min-replies devices "
+            "to connect); a device that has not answered by then is recorded as missing",
+            minimum=0.0, open_minimum=True),
+    Setting("min-replies", int, 1,
+            "usable replies a round needs to change the hypotheses (fewer: they are kept); a "
+            "round starts only once this many devices are connected", minimum=1),
+    Setting("resume-from", str, "",
+            "a run directory whose checkpoint the ServerApp continues from (\"\" = a fresh "
+            "run); out-dir defaults to it"),
     Setting("server-device", str, "auto",
             "where the ServerApp validates (torch tasks): auto, cpu, cuda or cuda:N",
             check=_check_device),
@@ -404,6 +419,15 @@ _DECLARATIONS: tuple[Setting, ...] = (
             group="device", check=_check_device),
     Setting("data-path", str, "", "femnist, hospital: this device's data (a file or folder)",
             owner="device", group="device"),
+    # Refuses absurd instructions before anything is computed or charged. gpfl's tasks work in
+    # units (hospital payments in thousands of dollars, the synthetic optima single digits,
+    # network weights O(1)), so 1e6 is far beyond any model they learn, and far below where
+    # float32 training overflows (squares of 1e19): a hypothesis of 1e30 would otherwise be
+    # trained, charged and then fail or release garbage.
+    Setting("max-parameter", float, 1e6,
+            "the largest |value| in a hypothesis this device accepts; a larger one is refused "
+            "before anything is computed or charged", owner="device", group="device",
+            minimum=0.0, open_minimum=True),
 )
 
 #: Every setting by name.

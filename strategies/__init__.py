@@ -2,12 +2,15 @@
 
 :class:`ClusteredStrategy` is the server side of Algorithm 1 (k hypotheses, k-means seeded with
 them, per-cluster means) with the budget-aware aggregations of Wu, Xu, Zhu (2023) section 4
-(:func:`budget_weights`). Everything it needs is given to its constructor: it imports no other
-gpfl package.
+(:func:`budget_weights`). Every reply is screened before it touches the model
+(:mod:`strategies.intake`: metrics, size, name binding, form, magnitude). Everything it needs is
+given to its constructor: it imports no other gpfl package.
 """
 
 from strategies.aggregation import AGGREGATIONS, budget_weights
-from strategies.clustered import RELEASES, ClientRecord, ClusteredStrategy, RoundRecord
+from strategies.clustered import RELEASES, ClusteredStrategy
+from strategies.norms import NormLimits
+from strategies.records import ClientRecord, RoundRecord
 from strategies.validation import check_reply
 
 __all__ = [
@@ -15,6 +18,7 @@ __all__ = [
     "RELEASES",
     "ClientRecord",
     "ClusteredStrategy",
+    "NormLimits",
     "RoundRecord",
     "budget_weights",
     "check_reply",

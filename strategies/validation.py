@@ -75,18 +75,26 @@ def npy_view(tensor: bytes) -> np.ndarray:
     Raises
     ------
     ValueError
-        If the bytes are not a well-formed ``.npy`` payload, hold Python objects (pickles are
-        never accepted), or are shorter or longer than the header says.
+        If the bytes are not a well-formed ``.npy`` payload (whatever is wrong with them),
+        hold Python objects (pickles are never accepted), or are shorter or longer than the
+        header says.
     """
     stream = BytesIO(tensor)
     version = npy_format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
-    elif version == (2, 0):
-        shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
-    else:
-        # 3.0 only exists for structured dtypes with non-Latin-1 field names: never a model.
-        raise ValueError(f"unsupported .npy format version {version}")
+    try:
+        if version == (1, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_1_0(stream)
+        elif version == (2, 0):
+            shape, fortran_order, dtype = npy_format.read_array_header_2_0(stream)
+        else:
+            # 3.0 only exists for structured dtypes with non-Latin-1 field names: never a model.
+            raise ValueError(f"unsupported .npy format version {version}")
+    except ValueError:
+        raise
+    except Exception as err:
+        # NumPy parses the header with Python's tokenizer: a damaged header can raise
+        # TokenError, SyntaxError, TypeError... all mean the same to the server.
+        raise ValueError(f"unreadable .npy header ({type(err).__name__})") from None
     if dtype.hasobject:
         raise ValueError("object arrays are not accepted")
     offset = stream.tell()

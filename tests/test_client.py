@@ -204,6 +204,8 @@ def test_evaluate_sends_nothing_data_dependent(tmp_path: Path) -> None:
         ([np.array([np.nan, 0], np.float32)] * 2, {"num-hypotheses": 2}, "non-finite"),
         (HYPOTHESES, {"num-hypotheses": 0}, "num-hypotheses"),
         (HYPOTHESES, {"num-hypotheses": 2, "server-round": -1}, "server-round"),
+        ([np.array([1e30, 0], np.float32)] * 2, {"num-hypotheses": 2}, "max-parameter=1e"),
+        ([np.array([0, -2e6], np.float32)] * 2, {"num-hypotheses": 2}, "magnitude 2e"),
     ],
 )
 def test_a_malformed_instruction_is_refused_and_nothing_is_charged(
@@ -212,6 +214,23 @@ def test_a_malformed_instruction_is_refused_and_nothing_is_charged(
     with pytest.raises(InstructionError, match=named):
         make_client(tmp_path).fit(list(parameters), config)
     assert not (tmp_path / "client-0.json").exists()
+
+
+def test_an_instruction_beyond_the_devices_max_parameter_charges_and_releases_nothing(
+    tmp_path: Path,
+) -> None:
+    # Prepare: one honest round is charged; the device accepts values up to 10 only.
+    client = make_client(tmp_path, node={"max-parameter": 10.0})
+    fit(client)
+    ledger = tmp_path / "client-0.json"
+    before = ledger.read_bytes()
+    huge = [np.array([5.0, 60.0], np.float32), np.array([4.0, -4.5], np.float32)]
+
+    # Execute / Assert: refused with a message naming the bound, the ledger untouched.
+    with pytest.raises(InstructionError, match=r"hypothesis 0, layer 0.*max-parameter=10"):
+        client.fit(huge, {"num-hypotheses": 2, "server-round": 2})
+    assert ledger.read_bytes() == before
+    assert PrivacyLedger(ledger, delta=1e-5).spent().releases == 1
 
 
 def test_per_client_epsilons_cycle_over_partitions() -> None:

@@ -77,7 +77,8 @@ def test_privacy_report_median_and_max_in_the_mechanisms_terms() -> None:
     assert report["median"] == pytest.approx(0.8) and report["max"] == pytest.approx(1.2)
     assert report["per_client"]["client-1"]["participations"] == 3
 
-    gauss = privacy_report("gaussian", {"1": Record(1, {"spend-epsilon": 2.5, "spend-d": 9})})
+    gauss = privacy_report("gaussian", {"1": Record(1, {"client-name": "a", "spend-epsilon": 2.5,
+                                                        "spend-d": 9})})
     assert gauss["max"] == pytest.approx(2.5)
     assert privacy_report("none", clients)["max"] is None
 

@@ -105,8 +105,14 @@ def declined_reply() -> FitRes:
     )
 
 
+def named(cid: str, res: FitRes) -> tuple[ClientProxy, FitRes]:
+    """A reply of node ``cid`` speaking as ``client-name = cid`` (unless it names itself)."""
+    metrics = {"client-name": cid, **res.metrics}
+    return FakeProxy(cid), FitRes(res.status, res.parameters, res.num_examples, metrics)
+
+
 def results_of(replies: Sequence[FitRes], prefix: str = "c") -> list[tuple[ClientProxy, FitRes]]:
-    return [(FakeProxy(f"{prefix}{i}"), res) for i, res in enumerate(replies)]
+    return [named(f"{prefix}{i}", res) for i, res in enumerate(replies)]
 
 
 def make(hypotheses: list[list[np.ndarray]], **kwargs: object) -> ClusteredStrategy:
@@ -353,10 +359,10 @@ def test_bad_replies_are_dropped_and_logged_and_the_round_goes_on(
         "type": FitRes(Status(Code.OK, ""), Parameters([], tensor_type="torch"), 1, {}),
     }
     good = [reply([1, 3]), reply([2, 4]), reply([3, 5])]
-    results = results_of(good, "good") + [(FakeProxy(cid), res) for cid, res in bad.items()]
+    results = results_of(good, "good") + [named(cid, res) for cid, res in bad.items()]
 
     # Execute
-    with caplog.at_level(logging.WARNING, logger="strategies.clustered"):
+    with caplog.at_level(logging.WARNING, logger="strategies"):
         parameters, metrics = strategy.aggregate_fit(7, results, [])
         strategy.evaluate(7, parameters)  # type: ignore[arg-type]
 
@@ -380,7 +386,7 @@ def test_bad_replies_are_dropped_and_logged_and_the_round_goes_on(
     logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for cid, reason in reasons.items():
         assert any(
-            f"node {cid}:" in line and reason in line and "round 7" in line for line in logged
+            f"(node {cid}):" in line and reason in line and "round 7" in line for line in logged
         )
     # ... and counted per client.
     assert strategy.clients["nan"].dropped == 1 and strategy.clients["nan"].participations == 0
@@ -458,8 +464,8 @@ def test_client_record_keeps_the_last_reported_metrics() -> None:
     second = reply([1.0], sigma=2.0, **{"spend-epsilon": 0.9, "budget-epsilon": 3.0, "releases": 2})
 
     # Execute
-    strategy.aggregate_fit(1, [(FakeProxy("42"), first)], [])
-    strategy.aggregate_fit(2, [(FakeProxy("42"), second)], [])
+    strategy.aggregate_fit(1, [named("42", first)], [])
+    strategy.aggregate_fit(2, [named("42", second)], [])
 
     # Assert
     record = strategy.clients["42"]
@@ -591,24 +597,38 @@ def test_fit_instructions_carry_the_hypotheses_and_the_config() -> None:
             "lr": 0.1,
         }
         assert [a.tolist() for a in parameters_to_ndarrays(fit_ins.parameters)] == [[1.0], [2.0]]
-    assert manager.waited_for == [2]
+    assert manager.waited_for == []  # 4 connected, 2 wanted: no wait
 
 
 def test_sampling_takes_all_when_fewer_than_clients_per_round_but_enough_available() -> None:
+    # Prepare: 3 connected, 5 per round, 3 replies needed. The first round waits (up to the
+    # round timeout) for 5, then samples the 3 there are; later rounds do not wait again.
     manager = FakeManager(["a", "b", "c"])
-    strategy = make(hyp([0.0]), clients_per_round=5, min_available_clients=3)
+    strategy = make(hyp([0.0]), clients_per_round=5, min_replies=3)
 
-    instructions = strategy.configure_fit(1, Parameters([], ""), manager)
+    first = strategy.configure_fit(1, Parameters([], ""), manager)
+    second = strategy.configure_fit(2, Parameters([], ""), manager)
 
-    assert sorted(cids_of(instructions)) == ["a", "b", "c"]  # type: ignore[arg-type]
-    assert manager.waited_for == [3]
+    assert sorted(cids_of(first)) == sorted(cids_of(second)) == ["a", "b", "c"]  # type: ignore[arg-type]
+    assert manager.waited_for == [5]
 
 
-def test_no_clients_when_too_few_are_available() -> None:
+def test_too_few_devices_stop_the_run_and_say_why() -> None:
+    # Prepare: 2 connected, min-replies 3: the round cannot count, so the run stops.
     manager = FakeManager(["a", "b"])
-    strategy = make(hyp([0.0]), clients_per_round=3)
+    stops: list[str] = []
+    strategy = make(hyp([0.0]), clients_per_round=3, min_replies=3, on_stop=stops.append)
 
-    assert strategy.configure_fit(1, Parameters([], ""), manager) == []
+    # Execute
+    first = strategy.configure_fit(4, Parameters([], ""), manager)
+    manager.register(FakeProxy("c"))
+    later = strategy.configure_fit(5, Parameters([], ""), manager)
+
+    # Assert: no clients, the reason names the numbers, and the run does not start again.
+    assert first == [] and later == []
+    assert strategy.incomplete_reason == "round 4: too few devices: 2 connected, min-replies=3"
+    assert stops == [strategy.incomplete_reason]
+    assert strategy.evaluate(4, Parameters([], "")) is None and strategy.history == []
 
 
 def test_reserved_config_keys_cannot_be_overridden() -> None:
@@ -635,7 +655,8 @@ def play_round(strategy: ClusteredStrategy, t: int, manager: FakeManager) -> obj
     """One round of Flower's loop; every sampled client releases (t, t)."""
     instructions = strategy.configure_fit(t, Parameters([], ""), manager)
     if instructions:
-        results = [(proxy, reply([float(t), float(t)])) for proxy, _ in instructions]
+        results = [(proxy, named(proxy.cid, reply([float(t), float(t)]))[1])
+                   for proxy, _ in instructions]
         strategy.aggregate_fit(t, results, [])
     return strategy.evaluate(t, Parameters([], ""))
 
@@ -819,7 +840,9 @@ def test_configure_and_aggregate_evaluate_do_nothing() -> None:
         ({"clients_per_round": 0}, "clients_per_round"),
         ({"clients_per_round": 2.5}, "clients_per_round"),
         ({"clients_per_round": True}, "clients_per_round"),
-        ({"min_available_clients": 0}, "min_available_clients"),
+        ({"min_replies": 0}, "min_replies"),
+        ({"round_timeout": 0.0}, "round_timeout"),
+        ({"round_timeout": float("inf")}, "round_timeout"),
         ({"release": "gradient"}, "release.*'gradient'"),
         ({"aggregation": "median"}, "aggregation.*'median'"),
         ({"server_learning_rate": 0.0}, "server_learning_rate"),
@@ -848,10 +871,11 @@ def test_constructor_rejects_bad_hypotheses(hypotheses: list[list[np.ndarray]], 
 
 
 def test_numpy_integers_are_accepted_as_settings() -> None:
-    strategy = make(hyp([0.0]), clients_per_round=np.int64(4), patience=np.int32(2))
+    strategy = make(hyp([0.0]), clients_per_round=np.int64(4), patience=np.int32(2),
+                    min_replies=np.int64(2))
 
     assert strategy.clients_per_round == 4 and type(strategy.clients_per_round) is int
-    assert strategy.min_available_clients == 4 and strategy.patience == 2
+    assert strategy.min_replies == 2 and strategy.patience == 2
 
 
 def test_float64_hypotheses_are_stored_as_float32() -> None:
@@ -879,7 +903,7 @@ class GroupClient(FakeProxy):
     def fit(self, ins, timeout, group_id):
         self.configs.append(dict(ins.config))
         released = np.asarray(OPTIMA[self.group], F32) + F32(self.offset)
-        return reply(released, sigma=1.0)
+        return reply(released, sigma=1.0, **{"client-name": f"client-{self.cid}"})
 
 
 def test_flower_server_loop_runs_the_strategy_to_an_early_stop() -> None:

@@ -125,3 +125,25 @@ def test_npy_view_refuses_object_arrays() -> None:
 def test_npy_view_refuses_garbage() -> None:
     with pytest.raises(ValueError):
         npy_view(b"definitely not an npy file")
+
+
+def test_damaged_payloads_only_ever_raise_value_error() -> None:
+    # Prepare: 5,000 damaged copies of a good payload (1-5 random bytes changed, a third of
+    # them also truncated), seeded. NumPy's header parser can raise TokenError or SyntaxError
+    # on some; the server must see ValueError (a dropped reply), never a crash.
+    from flwr.common import ndarray_to_bytes
+
+    rng = np.random.default_rng(0)
+    good = ndarray_to_bytes(np.zeros((2, 3), np.float32))
+    for _ in range(5000):
+        damaged = bytearray(good)
+        for _ in range(int(rng.integers(1, 6))):
+            damaged[int(rng.integers(len(damaged)))] = int(rng.integers(256))
+        if rng.random() < 0.3:
+            damaged = damaged[: int(rng.integers(len(damaged)))]
+
+        # Execute / Assert
+        try:
+            npy_view(bytes(damaged))
+        except ValueError:
+            pass

@@ -1,0 +1,286 @@
+"""One round's replies and failures, screened before anything touches the model.
+
+:meth:`ReplyScreen.screen` takes what Flower's ``fit_round`` collected and returns the usable
+releases as one matrix, in a canonical order (by ``client-name``, then node id: arrival order
+must not change the result), with every other reply accounted for:
+
+declined
+    the device's next release would pass its cap (or its policy forbids the request);
+dropped
+    a reply that fails a check, in this order: ``num_examples``; the metrics
+    (:func:`strategies.replies.parse_metrics`); the name binding
+    (:class:`strategies.replies.NameBook`); the tensors' type and size (before parsing); the
+    arrays' count, dtype, shape and finite values (:func:`strategies.validation.check_reply`);
+    sign releases exactly ±1; the magnitude (:func:`strategies.norms.screen_norms`);
+failed
+    the device answered with an error;
+missing
+    a sampled device that sent nothing in time.
+
+Each dropped, failed or missing device gets one log line naming it and the reason, and is
+counted in its :class:`~strategies.records.ClientRecord`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.common import FitRes, Parameters
+from flwr.server.client_proxy import ClientProxy
+
+from strategies.norms import NormLimits, screen_norms
+from strategies.proxies import FAILED, DeviceFailure
+from strategies.records import ClientRecord
+from strategies.replies import (
+    NameBook,
+    check_num_examples,
+    check_tensor_sizes,
+    merge_spend,
+    parse_metrics,
+    tensor_limits,
+)
+from strategies.validation import check_reply, npy_view
+
+__all__ = ["Intake", "ReplyScreen"]
+
+_LOG = logging.getLogger(__name__)
+_NPY_TENSOR_TYPE = "numpy.ndarray"
+
+
+@dataclass
+class Intake:
+    """The screened replies of one round.
+
+    Attributes
+    ----------
+    released : np.ndarray
+        (m, n) float32: the usable releases, one per row, in canonical order.
+    sigmas : np.ndarray
+        (m,) float64: each release's declared σ (0 where none was declared).
+    cids : list of str
+        The node id of each row.
+    declined : int
+        Declines.
+    dropped, failed : list of (str, str)
+        ``(device, reason)`` of each dropped reply and each device that answered with an error.
+    missing : list of str
+        Sampled devices that sent nothing in time.
+    failures : int
+        ``len(failed)`` plus failures Flower reported without naming a device.
+    """
+
+    released: np.ndarray
+    sigmas: np.ndarray
+    cids: list[str]
+    declined: int = 0
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    failures: int = 0
+
+
+class ReplyScreen:
+    """Screens each round's replies; keeps the name bindings and the norm reference across rounds.
+
+    Parameters
+    ----------
+    shapes : sequence of tuple of int
+        The layer shapes of one hypothesis.
+    release : {"parameters", "sign"}
+        What the devices release.
+    need_sigma : bool
+        Whether each release must declare ``sigma`` (budget-aware aggregation).
+    limits : NormLimits
+        The run's mechanism and clipping (magnitude rules).
+    """
+
+    def __init__(
+        self,
+        shapes: Sequence[tuple[int, ...]],
+        *,
+        release: str,
+        need_sigma: bool,
+        limits: NormLimits,
+    ) -> None:
+        self.shapes = [tuple(s) for s in shapes]
+        self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(int).tolist()
+        self.release = release
+        self.limits = limits
+        self.need_sigma = need_sigma or limits.mechanism == "gaussian"
+        self.byte_limits = tensor_limits(self.shapes, np.float32)
+        self.names = NameBook()
+        #: Distances of the releases accepted in the last round that accepted any (rule 3 of
+        #: :mod:`strategies.norms`).
+        self.reference = np.zeros(0)
+
+    def device(self, cid: str) -> str:
+        """Return how a node is named in log lines: its name and node id, or its id."""
+        label = self.names.label(cid)
+        return label if label.startswith("node ") else f"{label} (node {cid})"
+
+    def screen(
+        self,
+        server_round: int,
+        results: Sequence[tuple[ClientProxy, FitRes]],
+        failures: Sequence[tuple[ClientProxy, FitRes] | BaseException],
+        *,
+        sampled: Sequence[str],
+        connected: Collection[str] | None,
+        hypotheses: np.ndarray,
+        record: Callable[[str], ClientRecord],
+    ) -> Intake:
+        """Screen one round (see the module notes); update the devices' records.
+
+        Parameters
+        ----------
+        server_round : int
+            The round, for log lines and records.
+        results, failures
+            As Flower's ``aggregate_fit`` receives them.
+        sampled : sequence of str
+            Node ids sent the hypotheses this round.
+        connected : collection of str or None
+            Node ids connected now (name binding); None if unknown.
+        hypotheses : np.ndarray
+            (k, n) float32: the hypotheses the replies were computed from.
+        record : callable
+            Returns (creating it if needed) the record of a node id.
+        """
+        t = server_round
+        out = Intake(np.zeros((0, hypotheses.shape[1]), np.float32), np.zeros(0), [])
+        answered: set[str] = set()
+        reasons: dict[str, str] = {}
+        for failure in failures:
+            if isinstance(failure, DeviceFailure):
+                if failure.kind == FAILED:
+                    answered.add(failure.cid)
+                    self._failed(t, out, failure.cid, failure.reason, record)
+                else:
+                    reasons[failure.cid] = failure.reason
+            elif isinstance(failure, tuple):
+                proxy, res = failure
+                answered.add(proxy.cid)
+                status = f"error status {res.status.code.name}: {res.status.message}"[:300]
+                self._failed(t, out, proxy.cid, status, record)
+            else:
+                out.failures += 1
+                _LOG.warning("round %d: a device failed (Flower did not say which): %s", t,
+                             str(failure)[:300])
+
+        def drop(cid: str, reason: str) -> None:
+            out.dropped.append((self.names.label(cid), reason))
+            record(cid).dropped += 1
+            _LOG.warning("round %d: dropped the reply of %s: %s", t, self.device(cid), reason)
+
+        candidates: list[tuple[str, str, FitRes, float]] = []
+        for proxy, res in results:
+            cid = proxy.cid
+            answered.add(cid)
+            reason = check_num_examples(res.num_examples)
+            parsed = None
+            if reason is None:
+                parsed = parse_metrics(res.metrics, need_sigma=self.need_sigma,
+                                       mechanism=self.limits.mechanism)
+                if isinstance(parsed, str):
+                    reason = parsed
+            if reason is None and parsed is not None and not isinstance(parsed, str):
+                reason = self.names.check(cid, parsed.name, connected)
+            if reason is not None or parsed is None or isinstance(parsed, str):
+                drop(cid, reason or "unreadable reply")
+                continue
+            client = record(cid)
+            client.name = parsed.name
+            client.metrics = merge_spend(client.metrics, parsed.values)
+            client.last_round = t
+            if parsed.declined:
+                out.declined += 1
+                client.declines += 1
+                continue
+            sigma = parsed.sigma if parsed.sigma is not None else np.nan
+            candidates.append((parsed.name, cid, res, sigma))
+
+        # Canonical order: the same replies give the same matrix, whatever order they came in.
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        n = hypotheses.shape[1]
+        matrix = np.empty((len(candidates), n), dtype=np.float32)
+        sigmas = np.empty(len(candidates), dtype=np.float64)
+        cids: list[str] = []
+        for _, cid, res, sigma in candidates:
+            row = matrix[len(cids)]
+            try:
+                reason = self._load(res.parameters, row)
+            except Exception as err:  # a last guard: a reply never stops the ServerApp
+                _LOG.exception("round %d: unexpected error reading a reply", t)
+                reason = f"unreadable reply ({type(err).__name__})"
+            if reason is not None:
+                drop(cid, reason)
+                continue
+            sigmas[len(cids)] = sigma
+            cids.append(cid)
+        released, sigmas = matrix[: len(cids)], sigmas[: len(cids)]
+
+        refusals, distances = screen_norms(released, hypotheses, sigmas, self.reference,
+                                           self.limits)
+        keep = np.array([r is None for r in refusals], dtype=bool)
+        for cid, reason in zip(cids, refusals, strict=True):
+            if reason is not None:
+                drop(cid, reason)
+        if not keep.all():
+            released, sigmas, distances = released[keep], sigmas[keep], distances[keep]
+            cids = [c for c, k in zip(cids, keep, strict=True) if k]
+        if cids and self.release != "sign":
+            self.reference = distances.copy()
+        for cid in cids:
+            record(cid).participations += 1
+
+        lost = [cid for cid in dict.fromkeys([*sampled, *reasons]) if cid not in answered]
+        for cid in sorted(lost, key=self.names.label):
+            record(cid).missing += 1
+            out.missing.append(self.names.label(cid))
+            _LOG.warning("round %d: no reply from %s: %s", t, self.device(cid),
+                         reasons.get(cid, "no reply before the round ended"))
+        out.released = released
+        # A missing σ weighs nothing under the plain mean, the only aggregation that allows it.
+        out.sigmas = np.nan_to_num(sigmas, nan=0.0)
+        out.cids = cids
+        out.failures += len(out.failed)
+        return out
+
+    def _failed(self, t: int, out: Intake, cid: str, reason: str,
+                record: Callable[[str], ClientRecord]) -> None:
+        record(cid).failures += 1
+        out.failed.append((self.names.label(cid), reason))
+        _LOG.warning("round %d: %s failed: %s", t, self.device(cid), reason)
+
+    def _load(self, parameters: Parameters, row: np.ndarray) -> str | None:
+        """Check one reply's tensors and copy them into ``row``; return why not, or None."""
+        if parameters.tensor_type != _NPY_TENSOR_TYPE:
+            return f"tensor_type is {parameters.tensor_type!r}, expected {_NPY_TENSOR_TYPE!r}"
+        reason = check_tensor_sizes(parameters.tensors, self.byte_limits)
+        if reason is not None:
+            return reason
+        try:
+            arrays = [npy_view(bytes(tensor)) for tensor in parameters.tensors]
+        except ValueError as exc:
+            return f"unreadable array: {exc}"
+        reason = check_reply(arrays, self.shapes, np.float32)
+        if reason is not None:
+            return reason
+        for array, start, stop in zip(arrays, self.offsets[:-1], self.offsets[1:], strict=True):
+            np.copyto(row[start:stop].reshape(array.shape), array)
+        if self.release == "sign" and not ((row == 1.0) | (row == -1.0)).all():
+            return "a sign release must hold only +1 and -1"
+        return None
+
+    def to_dict(self) -> dict[str, object]:
+        """Return the state kept across rounds as plain JSON values (for a checkpoint)."""
+        return {"names": self.names.to_dict(), "reference": self.reference.tolist()}
+
+    def load_dict(self, data: dict[str, object]) -> None:
+        """Restore :meth:`to_dict`."""
+        self.names = NameBook.from_dict(data.get("names", {}))  # type: ignore[arg-type]
+        self.reference = np.asarray(data.get("reference", []), dtype=np.float64)

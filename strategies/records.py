@@ -1,0 +1,136 @@
+"""What the strategy records: a :class:`RoundRecord` per round, a :class:`ClientRecord` per node.
+
+Both are plain data, turned into JSON values for ``summary.json`` and the checkpoint and back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flwr.common import Scalar
+
+__all__ = ["ClientRecord", "RoundRecord"]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """What happened in one round (round 0: the initial hypotheses, no replies).
+
+    Attributes
+    ----------
+    round : int
+        The server round (0 = before training).
+    val_loss : float or None
+        Validation loss of the hypotheses after this round; ``None`` if not evaluated this round.
+    val_metrics : dict of str to float
+        The other entries ``evaluate_fn`` returned (empty if not evaluated).
+    cluster_sizes : list of int
+        Usable replies assigned to each hypothesis (k entries; all zero in round 0).
+    replies : int
+        Usable replies aggregated (declines, dropped replies and failures excluded).
+    declined : int
+        Clients that declined (``declined`` = 1: their next release would pass their cap).
+    dropped : list of (str, str)
+        ``(device, reason)`` of each reply that failed validation; the device is its
+        ``client-name`` once bound to its node, else ``node <id>``.
+    failures : int
+        Devices that answered with an error (plus failures Flower reported without a device).
+    released : list of list of float or None
+        The usable released vectors (flattened, in aggregation order) if ``keep_released``.
+    labels : list of int or None
+        The hypothesis each released vector was assigned to, if ``keep_released``.
+    missing : list of str
+        Sampled devices that sent no reply in time (deadline passed, or the SuperLink lost them).
+    failed : list of (str, str)
+        ``(device, reason)`` of each device that answered with an error.
+    kept : str or None
+        Why the hypotheses were kept unchanged this round (too few usable replies), if they were.
+    sampled : int
+        Devices sent the hypotheses this round.
+    """
+
+    round: int
+    val_loss: float | None
+    val_metrics: dict[str, float]
+    cluster_sizes: list[int]
+    replies: int
+    declined: int
+    dropped: list[tuple[str, str]]
+    failures: int
+    released: list[list[float]] | None = None
+    labels: list[int] | None = None
+    missing: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+    kept: str | None = None
+    sampled: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the record as plain JSON-serialisable Python values."""
+        out = dataclasses.asdict(self)
+        out["dropped"] = [list(pair) for pair in self.dropped]
+        out["failed"] = [list(pair) for pair in self.failed]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoundRecord:
+        """Rebuild a record from :meth:`to_dict` (e.g. read back from a checkpoint)."""
+        values = dict(data)
+        values["dropped"] = [(str(d), str(r)) for d, r in values.get("dropped", [])]
+        values["failed"] = [(str(d), str(r)) for d, r in values.get("failed", [])]
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass
+class ClientRecord:
+    """What the server knows about one node (keyed by its node id, ``ClientProxy.cid``).
+
+    Attributes
+    ----------
+    cid : str
+        The node id.
+    name : str
+        The ``client-name`` the node speaks as ("" until its first accepted reply).
+    sampled : int
+        Rounds it was sent the hypotheses.
+    participations : int
+        Usable replies of it that were aggregated.
+    declines : int
+        Rounds it declined.
+    dropped : int
+        Replies of it that failed validation.
+    failures : int
+        Rounds it answered with an error.
+    missing : int
+        Rounds it was sampled in and sent no reply in time.
+    last_round : int
+        Last round it replied in (0 = never).
+    metrics : dict of str to Scalar
+        The checked metrics of its replies: the last reported value of each, except the
+        spend totals (``spend-d``, ``spend-epsilon``, ``spend-delta``, ``releases``,
+        ``declines``), which hold the largest value it ever reported.
+    """
+
+    cid: str
+    name: str = ""
+    sampled: int = 0
+    participations: int = 0
+    declines: int = 0
+    dropped: int = 0
+    failures: int = 0
+    missing: int = 0
+    last_round: int = 0
+    metrics: dict[str, Scalar] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the record as plain JSON values."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ClientRecord:
+        """Rebuild a record from :meth:`to_dict`."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,285 @@
+"""What the server accepts of a reply before it touches the model: metrics, size, name.
+
+Everything a reply carries is written by a device the server does not control. Each check here
+returns *why* a reply is unusable (a string for the log line and the round's record) or ``None``;
+nothing raises on bad client input. The checks of the released arrays themselves are in
+:mod:`strategies.validation` (count, dtype, shape, finite values) and :mod:`strategies.norms`
+(magnitude).
+
+Metrics
+    Every metric the server reads is type- and range-checked (:func:`parse_metrics`); unknown
+    keys are ignored and never stored.
+Size
+    A reply's tensors may not be larger than the hypotheses' shapes make them
+    (:func:`tensor_limits`): checked on the raw bytes, before anything is parsed.
+Names
+    A reply's ``client-name`` is bound to the node that first used it (:class:`NameBook`): a
+    device cannot speak for another. A name whose node is gone may be taken by a new node (the
+    same device restarted, which Flower gives a new node id).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.common import ndarray_to_bytes
+
+__all__ = [
+    "MAX_EXAMPLES",
+    "SPEND_KEYS",
+    "NameBook",
+    "ReplyMetrics",
+    "check_num_examples",
+    "check_tensor_sizes",
+    "merge_spend",
+    "parse_metrics",
+    "tensor_limits",
+]
+
+#: Metrics that only grow over a device's life (its ledger's totals): the server keeps the
+#: largest value each device ever reported, so a lower (stale or forged) report never lowers it.
+SPEND_KEYS: tuple[str, ...] = ("spend-d", "spend-epsilon", "spend-delta", "releases", "declines")
+#: ``num_examples`` is not used (a gpfl client reports 1: its real count stays private); a count
+#: beyond a billion samples on one device is absurd whatever the client.
+MAX_EXAMPLES = 10**9
+#: The longest ``client-name`` accepted (it names the device's ledger file on the device).
+MAX_NAME = 128
+#: The longest free text (``decline-reason``) kept from a reply.
+MAX_TEXT = 500
+#: Bytes a ``.npy`` header may take beyond the one this NumPy writes for the same shape: the
+#: format pads headers to a multiple of 64 bytes (older NumPy: 16), so a header of another
+#: version is at most one alignment block longer.
+_HEADER_SLACK = 64
+
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+_MECHANISMS = ("laplace", "gaussian", "sign", "none")
+
+
+@dataclass(frozen=True)
+class ReplyMetrics:
+    """The metrics of one reply the server reads, checked.
+
+    Attributes
+    ----------
+    name : str
+        The device's ``client-name``.
+    declined : bool
+        The device declined the round (no release).
+    sigma : float or None
+        The declared per-coordinate noise standard deviation, if any.
+    mechanism : str or None
+        The mechanism the device says it released with, if given.
+    values : dict
+        Every known metric present, checked (spend, releases, budget, ...), as stored in the
+        device's record.
+    """
+
+    name: str
+    declined: bool
+    sigma: float | None
+    mechanism: str | None
+    values: dict[str, Any]
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a finite float (ints included, bools not), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _count(value: object) -> int | None:
+    """``value`` as an int >= 0 (bools and floats refused), else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        return None
+    return int(value)
+
+
+def parse_metrics(
+    metrics: Mapping[str, Any], *, need_sigma: bool, mechanism: str | None = None
+) -> ReplyMetrics | str:
+    """Check the metrics of one reply; return them, or why the reply is unusable.
+
+    Parameters
+    ----------
+    metrics : Mapping[str, Any]
+        ``FitRes.metrics`` as received.
+    need_sigma : bool
+        Whether a release must declare ``sigma`` (budget-aware weights, or a Gaussian release
+        whose norm is bounded by it). A decline never needs it.
+    mechanism : str, optional
+        The run's mechanism: a reply that names another one is refused.
+
+    Returns
+    -------
+    ReplyMetrics or str
+        The checked metrics, or the first problem found, naming the metric and the value.
+
+    Notes
+    -----
+    Ranges: ``client-name`` letters, digits, ``_ - .`` (at most 128, not starting with ``.``);
+    ``declined`` 0 or 1 (absent: 0); ``spend-d``, ``spend-epsilon``, ``budget-epsilon``,
+    ``sigma`` finite and >= 0; ``spend-delta``, ``budget-delta`` in [0, 1]; ``releases``,
+    ``declines`` integers >= 0; ``mechanism`` one of the known mechanisms.
+    """
+    name = metrics.get("client-name")
+    if not isinstance(name, str) or len(name) > MAX_NAME or not _NAME.fullmatch(name):
+        return f"metric 'client-name' must be a name of at most {MAX_NAME} letters, digits, " \
+               f"'_', '-' or '.', got {_short(name)}"
+    declined = metrics.get("declined", 0)
+    if isinstance(declined, bool) or declined not in (0, 1):
+        return f"metric 'declined' must be 0 or 1, got {_short(declined)}"
+    values: dict[str, Any] = {"client-name": name, "declined": int(declined)}
+    for key in ("spend-d", "spend-epsilon", "budget-epsilon", "sigma"):
+        if key in metrics:
+            number = _number(metrics[key])
+            if number is None or number < 0:
+                return f"metric {key!r} must be a finite number >= 0, got {_short(metrics[key])}"
+            values[key] = number
+    for key in ("spend-delta", "budget-delta"):
+        if key in metrics:
+            number = _number(metrics[key])
+            if number is None or not 0 <= number <= 1:
+                return f"metric {key!r} must be a number in [0, 1], got {_short(metrics[key])}"
+            values[key] = number
+    for key in ("releases", "declines"):
+        if key in metrics:
+            count = _count(metrics[key])
+            if count is None:
+                return f"metric {key!r} must be an integer >= 0, got {_short(metrics[key])}"
+            values[key] = count
+    said = metrics.get("mechanism")
+    if said is not None:
+        if said not in _MECHANISMS:
+            return f"metric 'mechanism' must be one of {', '.join(_MECHANISMS)}, got " \
+                   f"{_short(said)}"
+        if mechanism is not None and not declined and said != mechanism:
+            return f"released with mechanism {said!r}, the run asks for {mechanism!r}"
+        values["mechanism"] = said
+    for key in ("declined-by", "decline-reason"):
+        if isinstance(metrics.get(key), str):
+            values[key] = metrics[key][:MAX_TEXT]
+    sigma = values.get("sigma")
+    if need_sigma and not declined and sigma is None:
+        return "metric 'sigma' is missing: this run needs each release's declared noise"
+    return ReplyMetrics(name=name, declined=bool(declined), sigma=sigma,
+                        mechanism=said if isinstance(said, str) else None, values=values)
+
+
+def check_num_examples(value: object) -> str | None:
+    """Return why ``FitRes.num_examples`` is unusable (not an int in [0, 10⁹]), or None."""
+    count = _count(value)
+    if count is None or count > MAX_EXAMPLES:
+        return f"num_examples must be an integer in [0, {MAX_EXAMPLES}], got {_short(value)}"
+    return None
+
+
+def merge_spend(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``new`` over ``old``, each of :data:`SPEND_KEYS` the larger of the two.
+
+    A device's ledger only grows: the largest report is the truest one the server has.
+    """
+    out = {**old, **new}
+    for key in SPEND_KEYS:
+        if key in old and key in new:
+            out[key] = max(old[key], new[key])
+    return out
+
+
+def tensor_limits(shapes: Sequence[tuple[int, ...]], dtype: np.dtype | type) -> list[int]:
+    """Return the largest byte size each tensor of a reply may have.
+
+    The data part is exact (the layer's element count × the item size); the ``.npy`` header is
+    the one Flower's serialisation writes for that shape, plus one alignment block.
+    """
+    limits = []
+    for shape in shapes:
+        empty = np.zeros(shape, dtype=dtype)
+        limits.append(len(ndarray_to_bytes(empty)) + _HEADER_SLACK)
+    return limits
+
+
+def check_tensor_sizes(tensors: Sequence[object], limits: Sequence[int]) -> str | None:
+    """Return why a reply's raw tensors are oversized (or not bytes), or None.
+
+    Checked before any tensor is parsed, so that an oversized reply costs no more than its
+    reception.
+    """
+    if len(tensors) != len(limits):
+        return f"expected {len(limits)} arrays, got {len(tensors)}"
+    total = sum(len(t) for t in tensors if isinstance(t, bytes | bytearray | memoryview))
+    if total > sum(limits):
+        return f"message too large: {total} bytes of arrays, at most {sum(limits)} expected"
+    for index, (tensor, limit) in enumerate(zip(tensors, limits, strict=True)):
+        if not isinstance(tensor, bytes | bytearray | memoryview):
+            return f"array {index} is a {type(tensor).__name__}, not bytes"
+        if len(tensor) > limit:
+            return f"array {index} is {len(tensor)} bytes, at most {limit} expected"
+    return None
+
+
+def _short(value: object) -> str:
+    """``repr`` of a received value, cut so that a log line stays one short line."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+class NameBook:
+    """Which node each ``client-name`` belongs to, and which name each node speaks for.
+
+    A node keeps the name of its first accepted reply. A name keeps the node that first used it
+    while that node is connected; once the node is gone (Flower no longer lists it) the name may
+    move to a new node: the same device, restarted, which Flower registers under a new node id.
+    Records of both nodes are merged under the name in the summary.
+    """
+
+    def __init__(self) -> None:
+        self.node_name: dict[str, str] = {}
+        self.name_node: dict[str, str] = {}
+
+    def check(self, node: str, name: str, connected: Collection[str] | None) -> str | None:
+        """Return why ``node`` may not speak as ``name``, or None (and bind them).
+
+        Parameters
+        ----------
+        node : str
+            The replying node id.
+        name : str
+            The ``client-name`` its reply carries (already checked for form).
+        connected : Collection[str] or None
+            The node ids connected now; ``None`` when unknown, in which case a name's node is
+            taken to be still connected (the safe side: the name is not moved).
+        """
+        bound = self.node_name.get(node)
+        if bound is not None and bound != name:
+            return f"node {node} speaks as {bound!r}, this reply says {name!r}"
+        owner = self.name_node.get(name)
+        if owner is not None and owner != node:
+            if connected is None or owner in connected:
+                return f"name {name!r} belongs to node {owner}"
+        self.node_name[node] = name
+        self.name_node[name] = node
+        return None
+
+    def label(self, node: str) -> str:
+        """Return the name a node speaks as, else ``node <id>`` (a device in records)."""
+        return self.node_name.get(node) or f"node {node}"
+
+    def to_dict(self) -> dict[str, dict[str, str]]:
+        """Return the bindings as plain JSON values."""
+        return {"node_name": dict(self.node_name), "name_node": dict(self.name_node)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Mapping[str, str]]) -> NameBook:
+        """Rebuild from :meth:`to_dict`."""
+        book = cls()
+        book.node_name = {str(k): str(v) for k, v in data.get("node_name", {}).items()}
+        book.name_node = {str(k): str(v) for k, v in data.get("name_node", {}).items()}
+        return book
