@@ -38,39 +38,61 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
     return out
 
 
-def _launch(args: argparse.Namespace) -> int:
+#: ``gpfl launch`` exit status of a run that did not do all its rounds (resumable).
+EXIT_INCOMPLETE = 3
+#: Options that describe the federation; ``--resume`` takes them from the run directory.
+_FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
+                       "engine")
+
+
+def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
     from flwr.common.config import parse_config_args
 
-    from server.launcher import LaunchError, describe, launch
+    from server.rundir import resume_arguments
 
     run_config: dict[str, Any] = {}
     for text in args.run_config:
         run_config.update(parse_pairs(text, "--run-config"))
+    if args.resume:
+        given = [f"--{name.replace('_', '-')}" for name in _FEDERATION_OPTIONS
+                 if getattr(args, name) not in (None, False, [])]
+        if given:
+            raise SystemExit(f"gpfl: --resume starts the federation saved in the run directory; "
+                             f"{', '.join(given)} cannot be given with it")
+        kwargs = resume_arguments(Path(args.resume))
+        kwargs["run_config"].update(run_config)
+        return kwargs
     policy: dict[str, Any] = {}
     for text in args.policy:
         policy.update(parse_config_args([text]) if text.endswith(".toml")
                       else parse_pairs(text, "--policy"))
+    return {
+        "supernodes": 10 if args.supernodes is None else args.supernodes,
+        "run_config": run_config,
+        "out_dir": Path(args.out) if args.out else None,
+        "node_configs": parse_node_configs(args.node_config),
+        "policy": policy,
+        "app_dir": Path(args.app) if args.app else None,
+        "tls": args.tls,
+        "auth": args.auth,
+        "simulation": args.engine == "simulation",
+    }
+
+
+def _launch(args: argparse.Namespace) -> int:
+    from server.launcher import LaunchError, describe, launch
+    from server.rundir import ResumeError
+
     try:
-        result = launch(
-            supernodes=args.supernodes,
-            run_config=run_config,
-            out_dir=Path(args.out) if args.out else None,
-            node_configs=parse_node_configs(args.node_config),
-            policy=policy,
-            app_dir=Path(args.app) if args.app else None,
-            tls=args.tls,
-            auth=args.auth,
-            simulation=args.engine == "simulation",
-            timeout=args.timeout,
-        )
-    except LaunchError as err:
+        result = launch(**_launch_arguments(args), timeout=args.timeout)
+    except (LaunchError, ResumeError) as err:
         print(f"gpfl: launch failed: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("gpfl: interrupted; every process was stopped", file=sys.stderr)
         return 130
     print(describe(result))
-    return 0
+    return 0 if result.finished else EXIT_INCOMPLETE
 
 
 def _ledger(args: argparse.Namespace) -> int:
@@ -121,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="run a local federation of real Flower processes (gRPC)")
-    p.add_argument("--supernodes", type=int, default=10, help="number of SuperNodes (clients)")
+    p.add_argument("--supernodes", type=int, help="number of SuperNodes (clients, default 10)")
     p.add_argument("--run-config", action="append", default=[], metavar='"k=v ..."',
                    help="override app settings (keys of [tool.flwr.app.config])")
     p.add_argument("--node-config", action="append", default=[], metavar='"INDEX:k=v ..."',
@@ -137,8 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", action="store_true",
                    help="SuperNode authentication (implies --tls): a key pair per SuperNode, "
                         "registered with the SuperLink")
-    p.add_argument("--engine", choices=("deployment", "simulation"), default="deployment",
+    p.add_argument("--engine", choices=("deployment", "simulation"),
                    help="real SuperNode processes (default) or Flower's Simulation Engine (Ray)")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue an incomplete run from its checkpoint, with the federation "
+                        "saved in RUN_DIR (same devices, same ledgers); --run-config may add "
+                        "overrides")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
     p.set_defaults(func=_launch)
 

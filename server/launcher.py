@@ -25,8 +25,9 @@ from types import FrameType
 from typing import Any
 
 from server.certs import TlsFiles
-from server.processes import ProcessSet, bin_dir, child_env
-from server.results import ROUND_TAG, plot_summary
+from server.processes import ProcessSet, ProcessWatch, bin_dir, child_env
+from server.results import ROUND_TAG, mark_incomplete, plot_summary
+from server.rundir import FINISHED, add_ledgers, save_launch
 from settings import SettingError, check_node_config, check_run_config
 from settings.render import toml_value
 
@@ -99,6 +100,8 @@ class Federation:
     control_port: int = 0
     supernode_ports: dict[int, int] = field(default_factory=dict)
     node_configs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Extra environment of each SuperNode (e.g. its own ``CUDA_VISIBLE_DEVICES``).
+    node_env: dict[int, dict[str, str]] = field(default_factory=dict)
     flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
     #: Environment added to every process (e.g. ``GPFL_POLICY`` for virtual nodes).
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -163,11 +166,14 @@ class Federation:
 
     def start_supernode(self, index: int, node_config: Mapping[str, Any],
                         extra_args: list[str] | None = None,
-                        root_certificates: Path | None = None) -> None:
-        """Start SuperNode ``index`` with its node config."""
+                        root_certificates: Path | None = None,
+                        env: Mapping[str, str] | None = None) -> None:
+        """Start SuperNode ``index`` with its node config (and extra environment ``env``)."""
         port = self.supernode_ports.get(index) or free_port()
         self.supernode_ports[index] = port
         self.node_configs[index] = dict(node_config)
+        if env is not None:
+            self.node_env[index] = dict(env)
         if self.tls is None and root_certificates is None:
             security = ["--insecure"]
         else:
@@ -181,7 +187,7 @@ class Federation:
             *(extra_args or []),
         ]
         self.procs.start(f"supernode-{index}", argv, self.logs / f"supernode-{index}.log",
-                         env=child_env(self._env()))
+                         env=child_env({**self._env(), **self.node_env.get(index, {})}))
 
     # --- SuperNode authentication (server/certs.py; deploy owner) ---------------
     def register_supernode(self, public_key: Path, timeout: float = 60) -> str:
@@ -261,12 +267,27 @@ def stream_lines(proc: subprocess.Popen[str], log_path: Path,
 
 @dataclass
 class LaunchResult:
-    """What a launch produced."""
+    """What a launch produced.
+
+    ``died`` names the processes that exited while the run went on (``supernode-1``: exit
+    code), ``status`` is the summary's (``complete``, ``stopped-early`` or ``incomplete``).
+    """
 
     out_dir: Path
     summary: dict[str, Any]
     figure: Path | None
     returncode: int
+    died: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        """The run's status as its summary says it."""
+        return str(self.summary.get("status", "running"))
+
+    @property
+    def finished(self) -> bool:
+        """Whether the run did all it was asked to (every round, or stopped early)."""
+        return self.status in FINISHED
 
 
 def _raise_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -287,6 +308,7 @@ def launch(
     timeout: float = 3600.0,
     echo: Callable[[str], None] = print,
     on_line: Callable[[str, Federation], None] | None = None,
+    node_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> LaunchResult:
     """Run a whole federation of real processes and collect its results.
 
@@ -322,10 +344,22 @@ def launch(
         Where the per-round lines go.
     on_line : Callable[[str, Federation], None], optional
         Called with every streamed line (tests use it to stop a SuperNode mid-run).
+    node_env : Mapping[int, Mapping[str, str]], optional
+        Extra environment of SuperNode ``i`` (e.g. ``CUDA_VISIBLE_DEVICES`` to give each its
+        own GPU).
 
     Returns
     -------
     LaunchResult
+        ``status`` is ``incomplete`` when the run did not do all its rounds (server killed,
+        ServerApp crashed, too few devices); the summary then says why, and
+        ``gpfl launch --resume <out>`` continues it.
+
+    Raises
+    ------
+    LaunchError
+        If a setting is invalid (before any process starts), a process cannot start, the run
+        ends without a summary, or no round completed.
     """
     if supernodes < 1:
         raise LaunchError(f"--supernodes must be >= 1, got {supernodes}")
@@ -351,10 +385,14 @@ def launch(
     if simulation and node_configs:
         raise LaunchError("--node-config needs real SuperNodes; on the Simulation Engine every "
                           "virtual node applies the launch policy (--policy)")
-    unused = sorted(set(node_configs or {}) - set(nodes))
+    unused = sorted((set(node_configs or {}) | set(node_env or {})) - set(nodes))
     if unused:
         raise LaunchError(f"--node-config names SuperNodes {unused}, but there are only "
                           f"{supernodes} (0..{supernodes - 1})")
+    save_launch(out, {"supernodes": supernodes, "run_config": config,
+                      "node_configs": node_configs, "policy": policy, "app_dir": app_dir,
+                      "tls": tls, "auth": auth, "simulation": simulation,
+                      "node_env": node_env})
     policy_file = out / "policy.toml"
     policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()))
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -386,32 +424,39 @@ def launch(
                 fed.register_supernode(key.public_key)
             for i, node in nodes.items():
                 node = {"policy-file": str(policy_file), **node}
-                fed.start_supernode(i, node, extra_args=(
+                fed.start_supernode(i, node, env=(node_env or {}).get(i), extra_args=(
                     ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
         proc = fed.submit(app_dir, config)
-        failed: list[str] = []
-        for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
-            if ROUND_TAG in line:
-                echo(line[line.index(ROUND_TAG):])
-            elif "ERROR" in line or "Traceback" in line:
-                failed.append(line)
-                echo(line)
-            if on_line is not None:
-                on_line(line, fed)
+        with ProcessWatch(fed.procs, echo) as watch:
+            for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
+                if ROUND_TAG in line:
+                    echo(line[line.index(ROUND_TAG):])
+                elif "ERROR" in line or "Traceback" in line:
+                    echo(line)
+                if on_line is not None:
+                    on_line(line, fed)
+        watch.check()
         summary_path = out / "summary.json"
         if not summary_path.exists():
             raise LaunchError(
                 f"the run ended (flwr run exit code {proc.returncode}) without writing "
                 f"{summary_path}; see {fed.logs}"
             )
-        summary = json.loads(summary_path.read_text())
+        if "superlink" in watch.died:
+            reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run"
+        else:
+            reason = (f"the ServerApp ended before the run did (flwr run exit code "
+                      f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
+        # A ServerApp that dies says nothing: its summary still reads "running".
+        summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
+        summary = add_ledgers(out, summary, Path(str(device_policy["ledger-dir"])).expanduser())
         figure = plot_summary(summary, out / "figure.png")
-        if summary.get("rounds_completed", 0) == 0:
+        if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
             raise LaunchError(
                 f"no round completed (every client failed or declined); see the SuperNode "
                 f"logs in {fed.logs}"
             )
-        return LaunchResult(out, summary, figure, proc.returncode or 0)
+        return LaunchResult(out, summary, figure, proc.returncode or 0, dict(watch.died))
     finally:
         left = fed.close()
         if left:
@@ -425,6 +470,10 @@ def describe(result: LaunchResult) -> str:
     """Return the closing lines printed after a launch."""
     s = result.summary
     priv = s.get("privacy", {})
+    # The devices' ledgers, where the launch could read them: they hold every charged release,
+    # also one whose round was lost, which no report reached the server with.
+    spend = s.get("ledgers") or priv
+    source = "devices' ledgers" if s.get("ledgers") else "as reported"
     lines = [
         f"gpfl: {s.get('rounds_completed')} rounds"
         + (" (stopped early: no improvement)" if s.get("stopped_early") else ""),
@@ -432,10 +481,16 @@ def describe(result: LaunchResult) -> str:
         "gpfl: hypotheses " + "; ".join(
             "[" + ", ".join(f"{v:.3f}" for v in h[:6]) + (", ..." if len(h) > 6 else "") + "]"
             for h in s.get("hypotheses", [])),
-        f"gpfl: privacy spend ({priv.get('unit')}): median {priv.get('median')}, "
-        f"max {priv.get('max')}",
+        f"gpfl: privacy spend ({priv.get('unit')}; {source}): median {spend.get('median')}, "
+        f"max {spend.get('max')}",
         f"gpfl: results in {result.out_dir}/summary.json"
         + (f", figure {result.figure}" if result.figure else ""),
     ]
+    if result.died:
+        lines.append("gpfl: exited during the run: " + ", ".join(
+            f"{name} (code {code})" for name, code in sorted(result.died.items())))
+    if not result.finished:
+        lines.append(f"gpfl: run incomplete: {s.get('incomplete_reason')}; continue it with "
+                     f"`gpfl launch --resume {result.out_dir}`")
     return "\n".join(lines)
 

@@ -18,7 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -109,6 +110,52 @@ class ProcessSet:
             log.close()
         self._logs.clear()
         return leftovers
+
+
+class ProcessWatch:
+    """Watch a launch's processes while its run streams; say when one exits.
+
+    A SuperNode that exits is reported once and the run goes on without it (the ServerApp's
+    round deadline and quorum decide whether it can). When the SuperLink exits the run cannot
+    go on: ``flwr run`` would keep retrying it, so it is ended at once and the launch reports
+    the run incomplete.
+    """
+
+    def __init__(self, procs: ProcessSet, echo: Callable[[str], None],
+                 interval: float = 1.0) -> None:
+        self.procs, self.echo, self.interval = procs, echo, interval
+        self.died: dict[str, int] = {}
+        self._seen: set[int] = set()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> ProcessWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.check()
+
+    def check(self) -> None:
+        """Report every watched process that has exited since the last check."""
+        for name, proc in list(self.procs.procs.items()):
+            code = proc.poll()
+            if name == "flwr-run" or code is None or proc.pid in self._seen:
+                continue
+            self._seen.add(proc.pid)
+            self.died[name] = code
+            if name == "superlink":
+                self.echo(f"gpfl: the SuperLink exited (code {code}); the run cannot go on")
+                run = self.procs.procs.get("flwr-run")
+                if run is not None and run.poll() is None:
+                    run.terminate()
+            else:
+                self.echo(f"gpfl: {name} exited (code {code}); the run goes on without it")
 
 
 def _reap(proc: subprocess.Popen[Any]) -> None:

@@ -8,15 +8,18 @@ its checkpoint with ``resume-from``. Kept small (2 SuperNodes, a few rounds): a 
 
 from __future__ import annotations
 
+import shutil
 import signal
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from mechanisms import PrivacyLedger
-from server.launcher import Federation, launch
+from server.launcher import Federation, describe, launch
+from server.rundir import ResumeError, resume_arguments
 from tests.conftest import flower_processes
 
 pytestmark = pytest.mark.integration
@@ -102,11 +105,12 @@ def test_a_hung_supernode_costs_one_deadline_and_the_run_goes_on(
 
 
 @pytest.mark.timeout(300)
-def test_a_run_whose_superlink_is_killed_resumes_from_its_checkpoint(
+def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
     # Prepare: 3 rounds planned; the SuperLink and everything under it (the ServerApp) is
-    # SIGKILLed as soon as round 1 is recorded, with round 2 possibly in flight.
+    # SIGKILLed as soon as round 1 is recorded, with round 2 possibly in flight. Nothing else
+    # is done for the launcher: it must notice, end `flwr run` and say the run is incomplete.
     out = tmp_path / "run"
     run_config = {"num-rounds": 3, "clients-per-round": 2, "patience": 0, "seed": 5}
     killed: list[str] = []
@@ -114,25 +118,31 @@ def test_a_run_whose_superlink_is_killed_resumes_from_its_checkpoint(
     def kill_superlink(line: str, fed: Federation) -> None:
         if "[gpfl] round 1/3" in line and not killed:
             signal_tree(fed.procs.procs["superlink"].pid, signal.SIGKILL)
-            fed.procs.stop("superlink")  # reaps what was killed
-            # `flwr run --stream` keeps trying to reach the SuperLink for a while: end it (by
-            # PID; the launcher reaps it) so that the launch returns at once.
-            fed.procs.procs["flwr-run"].terminate()
             killed.append(line)
 
     first = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=200,
                    run_config=run_config, on_line=kill_superlink)
-    assert killed and first.summary["status"] == "running"
+    assert killed and first.status == "incomplete" and not first.finished
+    assert first.died["superlink"] == -signal.SIGKILL
+    assert "SuperLink exited" in first.summary["incomplete_reason"]
     assert first.summary["last_round"] == 1
+    assert "gpfl launch --resume" in describe(first)
+    # The ledgers hold every release, also one charged in the round that was lost: what the
+    # launch reports is read from them, never less than the devices reported.
+    ledgers = first.summary["ledgers"]["per_client"]
+    for name, client in first.summary["privacy"]["per_client"].items():
+        spent = PrivacyLedger(out / "ledgers" / f"{name}.json", delta=1e-5).spent()
+        assert ledgers[name]["spend"] == pytest.approx(spent.d_privacy)
+        assert ledgers[name]["spend"] >= client["spend"]
+    assert flower_processes() == []
 
-    # Execute: a new federation (new SuperNodes, new node ids, the same devices' ledgers)
-    # continues the run directory.
-    second = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=200,
-                    run_config={**run_config, "resume-from": str(out)})
+    # Execute: `gpfl launch --resume` (its arguments): a new federation (new SuperNodes, new
+    # node ids, the same devices' ledgers) continues the run directory.
+    second = launch(**resume_arguments(out), echo=lambda _: None, timeout=200)
 
     # Assert: rounds 2 and 3 ran once each, after the one of the checkpoint.
     summary = second.summary
-    assert summary["status"] == "complete"
+    assert second.finished and summary["status"] == "complete"
     assert [e["round"] for e in summary["history"]] == [0, 1, 2, 3]
     assert [r["after_round"] for r in summary["resumed"]] == [1]
     assert summary["rounds_completed"] == 3
@@ -145,4 +155,91 @@ def test_a_run_whose_superlink_is_killed_resumes_from_its_checkpoint(
         assert ledger.releases in (3, 4)
         assert client["spend"] == pytest.approx(ledger.d_privacy)
         assert ledger.d_privacy == pytest.approx(ledger.releases * N_OVER_NU)
+    with pytest.raises(ResumeError, match="complete; nothing to resume"):
+        resume_arguments(out)
+    assert flower_processes() == []
+
+
+#: Appended to a copy of the client: the device named client-1 sends garbage every round
+#: (after charging its ledger honestly): NaN in round 1, 4, ...; a wrong shape in round 2, 5,
+#: ...; its release times 1e12 in round 3, 6, ...
+ROGUE_CLIENT = """
+
+import numpy as _np
+
+_honest_fit = GpflClient.fit
+
+
+def _rogue_fit(self, parameters, config):
+    arrays, count, metrics = _honest_fit(self, parameters, config)
+    if self.policy.client_name != "client-1" or not arrays:
+        return arrays, count, metrics
+    kind = int(config.get("server-round", 0)) % 3
+    if kind == 1:
+        arrays = [_np.full_like(a, _np.nan) for a in arrays]
+    elif kind == 2:
+        arrays = [a.reshape(-1)[:-1] for a in arrays]
+    else:
+        arrays = [a * _np.float32(1e12) for a in arrays]
+    return arrays, count, metrics
+
+
+GpflClient.fit = _rogue_fit
+"""
+
+
+def rogue_app(folder: Path) -> Path:
+    """Copy the Flower app to ``folder`` with :data:`ROGUE_CLIENT` in its client."""
+    root = Path(__file__).resolve().parent.parent
+    folder.mkdir()
+    shutil.copy(root / "pyproject.toml", folder / "pyproject.toml")
+    for package in ("settings", "mechanisms", "strategies", "client", "server", "tasks"):
+        shutil.copytree(root / package, folder / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    client = folder / "client" / "numpy_client.py"
+    client.write_text(client.read_text() + ROGUE_CLIENT)
+    return folder
+
+
+@pytest.mark.timeout(400)
+def test_a_run_survives_a_garbage_sending_device_and_a_killed_one(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: 3 SuperNodes, all sampled, a 20 s deadline. client-1 runs a rogue client (the
+    # app it is handed, and its own installation, are the rogue copy) that sends NaN, a wrong
+    # shape and a 1e12-times release in rounds 1, 2, 3; SuperNode 2 is SIGKILLed (its whole
+    # tree) once round 1 is recorded.
+    app = rogue_app(tmp_path / "rogue-app")
+    killed: list[int] = []
+    lines: list[str] = []
+
+    def kill_supernode(line: str, fed: Federation) -> None:
+        if "[gpfl] round 1/3" in line and not killed:
+            killed.extend(signal_tree(fed.procs.procs["supernode-2"].pid, signal.SIGKILL))
+
+    # Execute
+    result = launch(
+        supernodes=3, out_dir=tmp_path / "run", echo=lines.append, timeout=360, app_dir=app,
+        run_config={"num-rounds": 3, "clients-per-round": 3, "patience": 0, "seed": 7,
+                    "round-timeout": 20.0},
+        node_env={1: {"PYTHONPATH": str(app)}}, on_line=kill_supernode,
+    )
+
+    # Assert: the run did all its rounds, and the launch said which device died.
+    summary = result.summary
+    assert killed and result.finished and summary["status"] == "complete"
+    assert summary["last_round"] == 3
+    assert result.died == {"supernode-2": -signal.SIGKILL}
+    assert any("supernode-2 exited" in line for line in lines)
+    # Assert: each garbage reply was dropped, with the device and the reason, every round.
+    expected = {1: "non-finite values", 2: "shape", 3: "beyond"}
+    for entry in summary["history"][1:]:
+        reasons = [reason for device, reason in entry["dropped"] if device == "client-1"]
+        assert len(reasons) == 1 and expected[entry["round"]] in reasons[0], entry
+    assert summary["privacy"]["per_client"]["client-1"]["dropped"] == 3
+    # Assert: the killed device missed the rounds after round 1; the hypotheses stayed finite
+    # and of the task's scale (the 1e12 release would have moved one to ~1e12).
+    assert summary["privacy"]["per_client"]["client-2"]["participations"] == 1
+    values = np.array(summary["last_hypotheses"], dtype=float)
+    assert np.isfinite(values).all() and np.abs(values).max() < 100
     assert flower_processes() == []

@@ -1,0 +1,130 @@
+"""What a run directory holds for whoever launched the run: its launch, its devices' ledgers.
+
+``gpfl launch`` writes ``launch.json`` (the federation it started: SuperNodes, run config, node
+configs, policy, engine, security) so that ``gpfl launch --resume RUN_DIR`` can start the same
+federation again and continue from the ServerApp's checkpoint. After a run it reads the ledgers
+of the devices it played and adds them to ``summary.json`` (``ledgers``): the server's figures
+are what the devices *reported*, and a release charged in a round that was lost (a killed
+SuperLink, a reply refused as late) is in a ledger before any report carries it. So the launch's
+closing line quotes the ledgers, and what it reports never falls below what they hold.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mechanisms import LedgerCorruptError, PrivacyLedger
+from server.checkpoint import CHECKPOINT_NAME
+from server.results import write_json_atomic
+from settings import setting
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_FILE = "launch.json"
+#: Run-config keys that belong to one launch, not to the run: never saved, never replayed.
+_PER_LAUNCH = ("out-dir", "resume-from")
+#: Statuses after which there is nothing left to resume.
+FINISHED = ("complete", "stopped-early")
+
+
+class ResumeError(ValueError):
+    """A run directory cannot be resumed (nothing saved, already finished, unreadable)."""
+
+
+def save_launch(out_dir: Path, arguments: Mapping[str, Any]) -> None:
+    """Write ``launch.json``: the keyword arguments of :func:`server.launcher.launch`.
+
+    ``run_config`` is saved without its per-launch keys; ``node_configs`` and ``node_env`` are
+    keyed by SuperNode index (strings in JSON).
+    """
+    saved = dict(arguments)
+    saved["run_config"] = {k: v for k, v in dict(arguments.get("run_config") or {}).items()
+                           if k not in _PER_LAUNCH}
+    for key in ("node_configs", "node_env"):
+        saved[key] = {str(i): dict(v) for i, v in dict(arguments.get(key) or {}).items()}
+    if saved.get("app_dir") is not None:
+        saved["app_dir"] = str(saved["app_dir"])
+    write_json_atomic(out_dir / LAUNCH_FILE, saved)
+
+
+def resume_arguments(run_dir: Path) -> dict[str, Any]:
+    """Return the keyword arguments that continue the run in ``run_dir``.
+
+    They are the saved launch's, with ``out_dir = run_dir`` and ``resume-from = run_dir``: the
+    same devices (node configs, policy, hence the same ledgers) and the same run config, so the
+    ServerApp's identity check passes.
+
+    Raises
+    ------
+    ResumeError
+        If ``run_dir`` holds no ``launch.json`` or no checkpoint, or its run already finished.
+    """
+    run_dir = run_dir.expanduser().resolve()
+    launch_file = run_dir / LAUNCH_FILE
+    if not launch_file.is_file():
+        raise ResumeError(f"--resume {run_dir}: no {LAUNCH_FILE} there (not a run directory "
+                          "of gpfl launch)")
+    if not (run_dir / CHECKPOINT_NAME).is_file():
+        raise ResumeError(f"--resume {run_dir}: no {CHECKPOINT_NAME} there (the run ended "
+                          "before its first round was saved): start it anew")
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        status = json.loads(summary_path.read_text()).get("status")
+        if status in FINISHED:
+            raise ResumeError(f"--resume {run_dir}: the run is {status}; nothing to resume")
+    try:
+        saved = json.loads(launch_file.read_text())
+    except json.JSONDecodeError as err:
+        raise ResumeError(f"--resume {run_dir}: {launch_file} is not JSON ({err})") from None
+    for key in ("node_configs", "node_env"):
+        saved[key] = {int(i): v for i, v in saved.get(key, {}).items()}
+    if saved.get("app_dir") is not None:
+        saved["app_dir"] = Path(saved["app_dir"])
+    saved["run_config"] = {**saved.get("run_config", {}), "resume-from": str(run_dir)}
+    saved["out_dir"] = run_dir
+    return dict(saved)
+
+
+def ledger_report(ledger_dir: Path, mechanism: str) -> dict[str, Any] | None:
+    """Read every ledger in ``ledger_dir``; return the ``ledgers`` section of the summary.
+
+    ``spend`` is in the unit of the run's privacy report (Σ ε·r for Laplace, the composed ε for
+    Gaussian and sign). Returns ``None`` when the folder has no ledger. An unreadable ledger is
+    listed with its error, never skipped silently.
+    """
+    paths = sorted(ledger_dir.glob("*.json")) if ledger_dir.is_dir() else []
+    if not paths:
+        return None
+    delta = float(setting("delta").default)
+    per_client: dict[str, Any] = {}
+    for path in paths:
+        try:
+            spent = PrivacyLedger(path, delta=delta).spent()
+        except (LedgerCorruptError, OSError, ValueError) as err:
+            logger.error("ledger %s is unreadable: %s", path, err)
+            per_client[path.stem] = {"error": str(err)}
+            continue
+        spend = spent.d_privacy if mechanism == "laplace" else spent.epsilon
+        per_client[path.stem] = {"spend": spend, **spent.to_dict()}
+    spends = [c["spend"] for c in per_client.values() if "spend" in c]
+    return {
+        "source": f"the devices' ledgers in {ledger_dir}, read after the run",
+        "per_client": per_client,
+        "median": statistics.median(spends) if spends else None,
+        "max": max(spends) if spends else None,
+    }
+
+
+def add_ledgers(out_dir: Path, summary: dict[str, Any], ledger_dir: Path) -> dict[str, Any]:
+    """Add :func:`ledger_report` to ``summary`` (and to ``summary.json``); return it."""
+    mechanism = str(summary.get("privacy", {}).get("mechanism", "laplace"))
+    report = ledger_report(ledger_dir, mechanism)
+    if report is not None:
+        summary = {**summary, "ledgers": report}
+        write_json_atomic(out_dir / "summary.json", summary)
+    return summary
