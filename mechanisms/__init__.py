@@ -6,7 +6,7 @@ Gaussian or sign mechanism is built or such releases are composed, SciPy only by
 the sign mechanism.
 """
 
-from mechanisms.base import KNOWN_SETTINGS, Mechanism, build_mechanism
+from mechanisms.base import Mechanism
 from mechanisms.calibration import calibrate_gaussian_noise_multiplier, gaussian_epsilon
 from mechanisms.clipping import (
     clip_elementwise,
@@ -42,7 +42,6 @@ from mechanisms.sign import StochasticSign
 
 __all__ = [
     "FAMILIES",
-    "KNOWN_SETTINGS",
     "BudgetExceededError",
     "EuclideanLaplace",
     "GaussianMechanism",
@@ -61,7 +60,6 @@ __all__ = [
     "SignReleaseEvent",
     "Spend",
     "StochasticSign",
-    "build_mechanism",
     "calibrate_gaussian_noise_multiplier",
     "clip_elementwise",
     "clip_l2",
