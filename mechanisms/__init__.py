@@ -34,7 +34,6 @@ from mechanisms.ledger import (
     LedgerRollbackError,
     PrivacyLedger,
     Spend,
-    format_ledger,
 )
 from mechanisms.none import NoMechanism
 from mechanisms.rng import device_rng, make_rng, seeded_rng
@@ -65,7 +64,6 @@ __all__ = [
     "clip_l2",
     "device_rng",
     "event_from_dict",
-    "format_ledger",
     "gaussian_epsilon",
     "hypotheses_diameter",
     "l2_sensitivity",

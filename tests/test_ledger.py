@@ -32,9 +32,9 @@ from mechanisms import (
     SignReleaseEvent,
     Spend,
     calibrate_gaussian_noise_multiplier,
-    format_ledger,
     gaussian_epsilon,
 )
+from server.ledger_view import format_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 DELTA = 1e-5
@@ -68,6 +68,16 @@ def run_python(code: str, **kwargs: object) -> subprocess.Popen[str]:
         text=True,
         **kwargs,  # type: ignore[call-overload]
     )
+
+
+def kill_after_one_line(child: subprocess.Popen[str]) -> tuple[str, str]:
+    """Read one line of ``child``'s output, SIGKILL it, and return that line and its stderr."""
+    with child:
+        assert child.stdout is not None and child.stderr is not None
+        line = child.stdout.readline()
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        return line, child.stderr.read()
 
 
 # -- composition -------------------------------------------------------------------------------
@@ -515,14 +525,9 @@ def test_a_charge_survives_the_process_being_killed_before_it_sends(path: Path) 
         print("charged", flush=True)
         time.sleep(60)
         """)
-    with child:
-        assert child.stdout is not None and child.stderr is not None
-        line = child.stdout.readline()
 
-        # Execute
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
-        stderr = child.stderr.read()
+    # Execute
+    line, stderr = kill_after_one_line(child)
 
     # Assert
     assert line.strip() == "charged", stderr
@@ -810,3 +815,66 @@ def test_stale_temporaries_are_left_when_a_charge_is_refused(path: Path) -> None
     with pytest.raises(BudgetExceededError):
         ledger.charge(metric(1.0), cap=1.0)
     assert Path(name).exists()
+
+
+def test_opening_the_ledger_removes_temporaries_a_killed_writer_left(path: Path) -> None:
+    # Prepare: a child charges once, then is killed inside its second write, after the
+    # temporary is written and before it replaces the ledger.
+    child = run_python(f"""
+        import os, time
+        from mechanisms import MetricPrivacyEvent, PrivacyLedger
+        ledger = PrivacyLedger({str(path)!r}, delta={DELTA})
+        ledger.charge(MetricPrivacyEvent(((0.5, 2.0),)), cap=None)
+        def hang(src, dst):
+            print("written", flush=True)
+            time.sleep(60)
+        os.replace = hang
+        ledger.charge(MetricPrivacyEvent(((0.5, 2.0),)), cap=None)
+        """)
+    line, stderr = kill_after_one_line(child)
+    assert line.strip() == "written", stderr
+    temporaries = sorted(path.parent.glob(f".{path.name}.*.tmp"))
+    assert len(temporaries) == 1
+    other = path.parent / ".client-1.json.abcdefgh.tmp"  # another ledger's: never touched
+    other.write_bytes(b"keep me")
+    ledger_before, lock_before = path.read_bytes(), lock_of(path).read_bytes()
+
+    # Execute
+    ledger = PrivacyLedger(path, delta=DELTA)
+
+    # Assert: the temporary is gone, the unfinished charge was never made, nothing else moved.
+    assert not temporaries[0].exists()
+    assert other.exists()
+    assert ledger.spent().releases == 1
+    assert (path.read_bytes(), lock_of(path).read_bytes()) == (ledger_before, lock_before)
+
+
+def test_opening_a_refused_ledger_leaves_its_temporaries(path: Path) -> None:
+    # Prepare: a stale temporary beside a ledger that has since been deleted.
+    PrivacyLedger(path, delta=DELTA).charge(metric(1.0), cap=None)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    path.unlink()
+    before = snapshot(path.parent)
+
+    # Execute / Assert: a refused ledger is left exactly as it is, clutter included.
+    with pytest.raises(LedgerMissingError):
+        PrivacyLedger(path, delta=DELTA)
+    assert Path(name).exists()
+    assert snapshot(path.parent) == before
+
+
+def test_opening_without_a_lock_file_creates_none_to_clean_up(path: Path) -> None:
+    # Prepare: a temporary but no lock file (a writer always makes the lock file
+    # first, so someone removed it); opening must not create one just to clean up.
+    path.parent.mkdir(parents=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+
+    # Execute
+    ledger = PrivacyLedger(path, delta=DELTA)
+
+    # Assert: left for the next write, which takes the lock and removes it.
+    assert Path(name).exists() and not lock_of(path).exists()
+    ledger.record_decline()
+    assert not Path(name).exists()
