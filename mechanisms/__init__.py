@@ -4,6 +4,11 @@ Pure NumPy/SciPy plus Google's dp-accounting; never Flower, never torch. Importi
 this package is cheap: dp-accounting (about a second) is imported only when a
 Gaussian or sign mechanism is built or such releases are composed, SciPy only by
 the sign mechanism.
+
+The ledger is three modules: :mod:`mechanisms.accountant` (pure composition and the
+cap), :mod:`mechanisms.ledger_store` (the crash-safe file) and :mod:`mechanisms.ledger`
+(:class:`PrivacyLedger`, the façade a client uses). Presentation lives with the CLI
+(``server.ledger_view``), not here.
 """
 
 from mechanisms.base import Mechanism
