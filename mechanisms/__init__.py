@@ -5,10 +5,11 @@ this package is cheap: dp-accounting (about a second) is imported only when a
 Gaussian or sign mechanism is built or such releases are composed, SciPy only by
 the sign mechanism.
 
-The ledger is three modules: :mod:`mechanisms.accountant` (pure composition and the
-cap), :mod:`mechanisms.ledger_store` (the crash-safe file) and :mod:`mechanisms.ledger`
-(:class:`PrivacyLedger`, the façade a client uses). Presentation lives with the CLI
-(``server.ledger_view``), not here.
+The ledger is :mod:`mechanisms.accountant` (pure composition and the cap),
+:mod:`mechanisms.ledger_store` (the crash-safe file; its refusals in
+:mod:`mechanisms.ledger_errors`) and :mod:`mechanisms.ledger` (:class:`PrivacyLedger`,
+the façade a client uses). Rendering a ledger for people belongs to whoever shows it
+(the CLI), not here.
 """
 
 from mechanisms.base import Mechanism
