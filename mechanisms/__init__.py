@@ -4,9 +4,15 @@ Pure NumPy/SciPy plus Google's dp-accounting; never Flower, never torch. Importi
 this package is cheap: dp-accounting (about a second) is imported only when a
 Gaussian or sign mechanism is built or such releases are composed, SciPy only by
 the sign mechanism.
+
+The ledger is :mod:`mechanisms.accountant` (pure composition and the cap),
+:mod:`mechanisms.ledger_store` (the crash-safe file; its refusals in
+:mod:`mechanisms.ledger_errors`) and :mod:`mechanisms.ledger` (:class:`PrivacyLedger`,
+the façade a client uses). Rendering a ledger for people belongs to whoever shows it
+(the CLI), not here.
 """
 
-from mechanisms.base import KNOWN_SETTINGS, Mechanism, build_mechanism
+from mechanisms.base import Mechanism
 from mechanisms.calibration import calibrate_gaussian_noise_multiplier, gaussian_epsilon
 from mechanisms.clipping import (
     clip_elementwise,
@@ -34,7 +40,6 @@ from mechanisms.ledger import (
     LedgerRollbackError,
     PrivacyLedger,
     Spend,
-    format_ledger,
 )
 from mechanisms.none import NoMechanism
 from mechanisms.rng import device_rng, make_rng, seeded_rng
@@ -42,7 +47,6 @@ from mechanisms.sign import StochasticSign
 
 __all__ = [
     "FAMILIES",
-    "KNOWN_SETTINGS",
     "BudgetExceededError",
     "EuclideanLaplace",
     "GaussianMechanism",
@@ -61,13 +65,11 @@ __all__ = [
     "SignReleaseEvent",
     "Spend",
     "StochasticSign",
-    "build_mechanism",
     "calibrate_gaussian_noise_multiplier",
     "clip_elementwise",
     "clip_l2",
     "device_rng",
     "event_from_dict",
-    "format_ledger",
     "gaussian_epsilon",
     "hypotheses_diameter",
     "l2_sensitivity",

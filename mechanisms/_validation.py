@@ -47,15 +47,32 @@ def check_open_unit(name: str, value: object) -> float:
 
 def check_positive_int(name: str, value: object) -> int:
     """Return ``value`` as an int >= 1 (bools and floats are refused)."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got {name}={value!r}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {name}={value!r}") from None
+    n = _check_int(name, value)
     if n < 1:
         raise ValueError(f"{name} must be a positive integer, got {name}={value!r}")
     return n
+
+
+def check_non_negative_int(name: str, value: object) -> int:
+    """Return ``value`` as an int >= 0 (bools and floats are refused)."""
+    n = _check_int(name, value)
+    if n < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {name}={value!r}")
+    return n
+
+
+def _check_int(name: str, value: object) -> int:
+    """Return ``value`` as an int; ``TypeError`` for bools, floats and other non-integers.
+
+    ``operator.index`` takes NumPy integers too, and refuses floats even when whole:
+    a count given as 2.0 is more likely a mistake than a convenience.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {name}={value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {name}={value!r}") from None
 
 
 def check_bool(name: str, value: object) -> bool:

@@ -1,4 +1,4 @@
-"""The ``Mechanism`` interface shared by every local-privacy mechanism, and its factory.
+"""The ``Mechanism`` interface shared by every local-privacy mechanism.
 
 A mechanism turns one client's model after local training (``updated``) into a
 release, given the hypothesis it started from (``reference``, public: the server
@@ -21,61 +21,44 @@ needs it account for that; each mechanism's docstring says what it does with it.
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import ClassVar, Generic, TypeAlias, TypeVar
 
 import numpy as np
+from numpy.random import Generator
 
-from mechanisms._validation import check_model_pair
+from mechanisms._validation import check_generator, check_model_pair, check_non_negative_finite
 from mechanisms.events import PrivacyEvent
 
-#: Every setting any mechanism accepts (snake_case; ``build_mechanism`` also takes kebab-case).
-KNOWN_SETTINGS: frozenset[str] = frozenset(
-    {
-        "calibration",
-        "noise_multiplier",
-        "epsilon",
-        "public_radius",
-        "per_layer",
-        "delta",
-        "clip",
-        "clip_mode",
-        "planned_releases",
-    }
-)
+#: One model's layers, as the mechanisms take and return them.
+Layers: TypeAlias = list[np.ndarray]
 
-_REGISTRY: dict[str, type[Mechanism]] = {}
+#: The event a mechanism emits (e.g. ``GaussianReleaseEvent`` for the Gaussian mechanism).
+EventT = TypeVar("EventT", bound=PrivacyEvent, covariant=True)
 
 
-class Mechanism(ABC):
+class Mechanism(ABC, Generic[EventT]):
     """A local-privacy mechanism for one model update.
 
-    Subclasses set ``name`` (the value of the ``mechanism`` setting and metric)
-    and take their privacy parameters as keyword-only constructor arguments,
-    validated into plain floats.
+    Subclasses set ``name`` (the value of the ``mechanism`` setting and metric),
+    take their privacy parameters as keyword-only constructor arguments,
+    validated into plain floats, and implement :meth:`_event`, :meth:`_release`
+    and :meth:`_metrics`. The public methods validate every argument first, the
+    same way for every mechanism, so that the hooks see only checked inputs.
     """
 
     name: ClassVar[str]
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get("name")
-        if isinstance(name, str) and name:
-            _REGISTRY[name] = cls
-
-    @abstractmethod
-    def event(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> PrivacyEvent:
+    def event(self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]) -> EventT:
         """Return the privacy cost of releasing ``sanitize(reference, updated)``.
 
         Deterministic and cheap: it draws no noise, so the client can charge its
         ledger (and decline) before anything is sampled or sent.
         """
+        _, upd = check_model_pair(reference, updated)
+        return self._event(upd)
 
-    @abstractmethod
     def sanitize(
         self,
         reference: Sequence[np.ndarray],
@@ -94,10 +77,14 @@ class Mechanism(ABC):
             Where the noise comes from; on a device, :func:`mechanisms.device_rng`.
         spread : float
             The diameter (largest pairwise L2 distance) of the hypotheses the
-            server sent, >= 0 and finite; 0 for a single hypothesis.
+            server sent, >= 0 and finite; 0 for a single hypothesis. What the
+            mechanism does with it is in its class notes.
         """
+        check_generator(rng)
+        spread = check_non_negative_finite("spread", spread)
+        ref, upd = check_model_pair(reference, updated)
+        return self._release(ref, upd, rng, spread)
 
-    @abstractmethod
     def public_metrics(
         self,
         reference: Sequence[np.ndarray],
@@ -112,68 +99,20 @@ class Mechanism(ABC):
         budget keys are the client's declared (epsilon, delta) target, 0 where the
         mechanism has none.
         """
+        spread = check_non_negative_finite("spread", spread)
+        ref, upd = check_model_pair(reference, updated)
+        return self._metrics(ref, upd, spread)
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Mechanism:
-        """Build from a dict of snake_case settings, ignoring other mechanisms' keys."""
-        return cls()
+    # -- what each mechanism implements, on validated inputs ---------------------------------
 
-    @staticmethod
-    def _check(
-        reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        return check_model_pair(reference, updated)
+    @abstractmethod
+    def _event(self, upd: Layers) -> EventT:
+        """Return the event of releasing ``upd`` (only its shapes may enter)."""
 
+    @abstractmethod
+    def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
+        """Return the release of :meth:`sanitize`."""
 
-def _require(name: str, settings: Mapping[str, Any], keys: Sequence[str]) -> None:
-    missing = [k for k in keys if settings.get(k) is None]
-    if missing:
-        raise ValueError(
-            f"mechanism {name!r} needs the setting(s) {', '.join(missing)}; "
-            f"got {sorted(k for k, v in settings.items() if v is not None)}"
-        )
-
-
-def build_mechanism(name: str, **settings: Any) -> Mechanism:
-    """Make the mechanism called ``name`` from the run's settings.
-
-    Parameters
-    ----------
-    name : str
-        ``"laplace"``, ``"gaussian"``, ``"sign"`` or ``"none"``.
-    **settings
-        Any of :data:`KNOWN_SETTINGS`, in snake_case or kebab-case (as in the
-        run configuration). Settings that belong to another mechanism or another
-        calibration are ignored, so a whole privacy section can be passed;
-        a key that no mechanism knows raises (it is most likely a typo).
-
-    Returns
-    -------
-    Mechanism
-
-    Raises
-    ------
-    ValueError
-        Unknown ``name``, a required setting missing, or a setting out of range.
-    TypeError
-        A setting no mechanism knows, or a setting of the wrong type.
-
-    Examples
-    --------
-    >>> build_mechanism("laplace", calibration="neighbourhood", noise_multiplier=5.0)
-    EuclideanLaplace(calibration='neighbourhood', noise_multiplier=5.0, per_layer=False)
-    """
-    # Importing the implementations fills the registry (mechanisms/__init__ does it too).
-    for module in ("gaussian", "laplace", "none", "sign"):
-        importlib.import_module(f"mechanisms.{module}")
-
-    if not isinstance(name, str) or name not in _REGISTRY:
-        raise ValueError(f"unknown mechanism {name!r}; known mechanisms: {sorted(_REGISTRY)}")
-    normalised = {key.replace("-", "_"): value for key, value in settings.items()}
-    unknown = sorted(set(normalised) - KNOWN_SETTINGS)
-    if unknown:
-        raise TypeError(
-            f"unknown mechanism setting(s) {', '.join(unknown)}; "
-            f"known settings: {', '.join(sorted(KNOWN_SETTINGS))}"
-        )
-    return _REGISTRY[name].from_settings(normalised)
+    @abstractmethod
+    def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
+        """Return the metrics of :meth:`public_metrics`."""

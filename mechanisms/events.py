@@ -1,7 +1,8 @@
 """Privacy events: the immutable record of what one release costs.
 
 A mechanism emits one event per release (``Mechanism.event``), before any noise
-is drawn; the client's :class:`~mechanisms.ledger.PrivacyLedger` composes them.
+is drawn; the client's :class:`~mechanisms.ledger.PrivacyLedger` records them and
+:mod:`mechanisms.accountant` composes them.
 Events round-trip through plain dicts (``to_dict`` / :func:`event_from_dict`) so
 that the ledger can keep them in a JSON file.
 
@@ -172,7 +173,7 @@ class NeighbourhoodEvent(PrivacyEvent):
 class GaussianReleaseEvent(PrivacyEvent):
     """One Gaussian release; ``noise_multiplier`` = sigma / (L2 sensitivity of the clipped update).
 
-    Composed by the ledger with dp-accounting's ``GaussianDpEvent``.
+    Composed by :mod:`mechanisms.accountant` with dp-accounting's ``GaussianDpEvent``.
     """
 
     kind: ClassVar[str] = "gaussian"
@@ -208,7 +209,7 @@ class NonPrivateEvent(PrivacyEvent):
     family: ClassVar[str] = "none"
 
 
-#: Every event class a ledger knows how to compose, in the order they were introduced.
+#: Every event class the accountant knows how to compose, in the order they were introduced.
 EVENT_TYPES: tuple[type[PrivacyEvent], ...] = (
     MetricPrivacyEvent,
     NeighbourhoodEvent,

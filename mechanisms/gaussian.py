@@ -26,35 +26,29 @@ hypotheses after seeing the earlier releases (RDP composes adaptively).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
+from numpy.random import Generator
 
 from mechanisms._validation import (
     check_choice,
-    check_generator,
     check_non_negative_finite,
     check_open_unit,
     check_positive_finite,
     check_positive_int,
 )
-from mechanisms.base import Mechanism, _require
+from mechanisms.base import Layers, Mechanism
 from mechanisms.calibration import calibrate_gaussian_noise_multiplier
 from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2, l2_sensitivity
 from mechanisms.events import GaussianReleaseEvent
 
+#: The event of a clipped-Gaussian mechanism: a Gaussian release or its sign.
+_GaussianEventT = TypeVar("_GaussianEventT", bound=GaussianReleaseEvent, covariant=True)
 
-class _ClippedGaussianBase(Mechanism):
+
+class _ClippedGaussianBase(Mechanism[_GaussianEventT]):
     """Clipping, calibration and metrics shared by the Gaussian and stochastic-sign mechanisms."""
-
-    _SETTINGS: ClassVar[tuple[str, ...]] = (
-        "clip",
-        "clip_mode",
-        "epsilon",
-        "delta",
-        "planned_releases",
-    )
 
     def __init__(
         self,
@@ -80,18 +74,6 @@ class _ClippedGaussianBase(Mechanism):
             f"{type(self).__name__}(clip={self.clip!r}, clip_mode={self.clip_mode!r}, "
             f"epsilon={self.epsilon!r}, delta={self.delta!r}, "
             f"planned_releases={self.planned_releases!r})"
-        )
-
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Mechanism:
-        """Build from snake_case settings (``clip_mode`` defaults to ``"l2"``)."""
-        _require(cls.name, settings, ("clip", "epsilon", "delta", "planned_releases"))
-        return cls(
-            clip=settings["clip"],
-            clip_mode=settings.get("clip_mode", "l2"),
-            epsilon=settings["epsilon"],
-            delta=settings["delta"],
-            planned_releases=settings["planned_releases"],
         )
 
     #: Whether the release is centred on ``reference`` and so must cover the spread.
@@ -122,28 +104,21 @@ class _ClippedGaussianBase(Mechanism):
             return clip_l2(delta, self.clip)
         return clip_elementwise(delta, self.clip)
 
-    def public_metrics(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        spread: float = 0.0,
-    ) -> dict[str, float]:
-        """Return ``sigma`` (z·(Δ + spread), or z·Δ where the spread does not enter).
+    def _noise_sigma(self, n: int, spread: float) -> float:
+        """Return the σ of a release: z·(Δ + spread), or z·Δ where the spread does not enter."""
+        return self.sigma(n, spread if self._CENTRED_ON_REFERENCE else 0.0)
 
-        The budget keys are the client's (ε, δ) target.
-        """
-        spread = check_non_negative_finite("spread", spread)
-        _, upd = self._check(reference, updated)
+    def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
+        """Return ``sigma`` (:meth:`_noise_sigma`) and the client's (ε, δ) target."""
         n = sum(u.size for u in upd)
         return {
-            "sigma": self.sigma(n, spread if self._CENTRED_ON_REFERENCE else 0.0),
+            "sigma": self._noise_sigma(n, spread),
             "budget-epsilon": self.epsilon,
             "budget-delta": self.delta,
         }
 
 
-class GaussianMechanism(_ClippedGaussianBase):
+class GaussianMechanism(_ClippedGaussianBase[GaussianReleaseEvent]):
     """Gaussian noise on the clipped update: ``reference + clip(δ) + N(0, σ²)``.
 
     σ = z·(Δ + spread), with ``spread`` the diameter of the hypotheses the server
@@ -170,32 +145,19 @@ class GaussianMechanism(_ClippedGaussianBase):
 
     name: ClassVar[str] = "gaussian"
 
-    def event(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> GaussianReleaseEvent:
+    def _event(self, upd: Layers) -> GaussianReleaseEvent:
         """Return ``GaussianReleaseEvent(noise_multiplier=z)``."""
-        self._check(reference, updated)
         return GaussianReleaseEvent(self.noise_multiplier)
 
-    def sanitize(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        rng: np.random.Generator,
-        spread: float = 0.0,
-    ) -> list[np.ndarray]:
+    def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
         """Return ``reference + clip(updated − reference) + N(0, σ² I)`` in ``updated``'s dtypes.
 
         σ = z·(Δ + ``spread``); ``spread`` is the hypotheses' diameter (0 for one).
         """
-        check_generator(rng)
-        spread = check_non_negative_finite("spread", spread)
-        ref, upd = self._check(reference, updated)
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)
         noise = rng.standard_normal(n)
-        noise *= self.sigma(n, spread)
+        noise *= self._noise_sigma(n, spread)
         out = []
         offset = 0
         for r, d, u in zip(ref, clipped, upd, strict=True):

@@ -19,22 +19,21 @@ the calibration.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from numpy.random import Generator
 
 from mechanisms._numeric import sum_of_squares
 from mechanisms._validation import (
     check_bool,
     check_choice,
     check_generator,
-    check_non_negative_finite,
     check_positive_finite,
     check_positive_int,
 )
-from mechanisms.base import Mechanism, _require
+from mechanisms.base import Layers, Mechanism
 from mechanisms.events import MetricPrivacyEvent, NeighbourhoodEvent
 
 CALIBRATIONS = ("neighbourhood", "fixed")
@@ -100,7 +99,7 @@ class _Block:
     epsilon: float  # 0.0 means: no noise (the zero-radius case of the neighbourhood calibration)
 
 
-class EuclideanLaplace(Mechanism):
+class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
     """Euclidean Laplace noise on the trained model (Algorithm 2, SanitizeUpdate).
 
     The release is ``updated + ρ`` with ρ drawn by :func:`sample_euclidean_laplace`
@@ -193,24 +192,6 @@ class EuclideanLaplace(Mechanism):
             f"per_layer={self.per_layer!r})"
         )
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> EuclideanLaplace:
-        """Build from snake_case settings; keys of the other calibration are ignored."""
-        calibration = settings.get("calibration", "neighbourhood")
-        per_layer = settings.get("per_layer", False)
-        if calibration == "fixed":
-            _require(cls.name, settings, ("epsilon", "public_radius"))
-            return cls(
-                calibration="fixed",
-                epsilon=settings["epsilon"],
-                public_radius=settings["public_radius"],
-                per_layer=per_layer,
-            )
-        if calibration == "neighbourhood":
-            _require(cls.name, settings, ("noise_multiplier",))
-            return cls(noise_multiplier=settings["noise_multiplier"], per_layer=per_layer)
-        return cls(calibration=calibration)  # raises the error naming calibration
-
     def _groups(self, upd: list[np.ndarray]) -> list[tuple[int, ...]]:
         """Return the groups of layers sanitized together: all, or each non-empty layer alone."""
         if self.per_layer:
@@ -232,16 +213,13 @@ class EuclideanLaplace(Mechanism):
             blocks.append(_Block(group, size, epsilon if math.isfinite(epsilon) else 0.0))
         return blocks
 
-    def event(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> MetricPrivacyEvent | NeighbourhoodEvent:
+    def _event(self, upd: Layers) -> MetricPrivacyEvent | NeighbourhoodEvent:
         """Return the d-privacy event of the release.
 
         ``NeighbourhoodEvent(block sizes, ν)`` for the neighbourhood calibration
         (computed from the shapes alone: the values of the models do not enter),
         ``MetricPrivacyEvent`` with one (ε, r) pair per block for the fixed one.
         """
-        _, upd = self._check(reference, updated)
         groups = self._groups(upd)
         if self.calibration == "neighbourhood":
             assert self.noise_multiplier is not None
@@ -250,22 +228,12 @@ class EuclideanLaplace(Mechanism):
         assert self.epsilon is not None and self.public_radius is not None
         return MetricPrivacyEvent(tuple((self.epsilon, self.public_radius) for _ in groups))
 
-    def sanitize(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        rng: np.random.Generator,
-        spread: float = 0.0,
-    ) -> list[np.ndarray]:
+    def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
         """Return ``updated + ρ``, arrays with the shapes and dtypes of ``updated``.
 
         ``spread`` (the hypotheses' diameter) is validated and ignored: the
         guarantee is on the released point itself (see the class notes).
         """
-        check_generator(rng)
-        check_non_negative_finite("spread", spread)
-        ref, upd = self._check(reference, updated)
         out: list[np.ndarray | None] = [None] * len(upd)
         for block in self._blocks(ref, upd):
             if block.epsilon == 0.0:
@@ -282,13 +250,7 @@ class EuclideanLaplace(Mechanism):
         # Empty layers (skipped in per-layer mode) have nothing to hide.
         return [u.copy() if o is None else o for o, u in zip(out, upd, strict=True)]
 
-    def public_metrics(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        spread: float = 0.0,
-    ) -> dict[str, float]:
+    def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
         """Return ``sigma`` (per-coordinate noise std), ``budget-epsilon`` = ``budget-delta`` = 0.
 
         ``sigma`` = √(n+1)/ε for one block. With ``per_layer`` the layers have
@@ -297,8 +259,6 @@ class EuclideanLaplace(Mechanism):
         block. Layers released without noise (‖δ_l‖ = 0) count as σ_l = 0.
         ``spread`` is validated and ignored, as in :meth:`sanitize`.
         """
-        check_non_negative_finite("spread", spread)
-        ref, upd = self._check(reference, updated)
         blocks = self._blocks(ref, upd)
         total = sum(b.size for b in blocks)
         energy = math.fsum(b.size * (b.size + 1) / b.epsilon**2 for b in blocks if b.epsilon > 0)

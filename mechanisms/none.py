@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
-import numpy as np
+from numpy.random import Generator
 
-from mechanisms._validation import check_generator, check_non_negative_finite
-from mechanisms.base import Mechanism
+from mechanisms.base import Layers, Mechanism
 from mechanisms.events import NonPrivateEvent
 
 
-class NoMechanism(Mechanism):
+class NoMechanism(Mechanism[NonPrivateEvent]):
     """Release ``updated`` unchanged (copies); no guarantee, ``NonPrivateEvent``, sigma 0.
 
     For baselines and debugging. A ledger with a cap refuses its events: no finite
@@ -25,35 +23,14 @@ class NoMechanism(Mechanism):
     def __repr__(self) -> str:
         return "NoMechanism()"
 
-    def event(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> NonPrivateEvent:
+    def _event(self, upd: Layers) -> NonPrivateEvent:
         """Return ``NonPrivateEvent()``."""
-        self._check(reference, updated)
         return NonPrivateEvent()
 
-    def sanitize(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        rng: np.random.Generator,
-        spread: float = 0.0,
-    ) -> list[np.ndarray]:
+    def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
         """Return copies of ``updated`` (``spread`` is validated and ignored)."""
-        check_generator(rng)
-        check_non_negative_finite("spread", spread)
-        _, upd = self._check(reference, updated)
         return [u.copy() for u in upd]
 
-    def public_metrics(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        spread: float = 0.0,
-    ) -> dict[str, float]:
+    def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
         """Return ``sigma`` = 0 and a zero budget."""
-        check_non_negative_finite("spread", spread)
-        self._check(reference, updated)
         return {"sigma": 0.0, "budget-epsilon": 0.0, "budget-delta": 0.0}

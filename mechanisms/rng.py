@@ -19,6 +19,8 @@ import secrets
 
 import numpy as np
 
+from mechanisms._validation import check_non_negative_int
+
 logger = logging.getLogger(__name__)
 
 # seeded_rng warns once per process: a simulation makes one generator per release,
@@ -74,8 +76,8 @@ def seeded_rng(seed: int, *keys: int) -> np.random.Generator:
         ``seed`` or a key is negative.
     """
     global _seeded_noise_warned
-    entropy = [_check_key("seed", seed)]
-    entropy += [_check_key(f"keys[{i}]", key) for i, key in enumerate(keys)]
+    entropy = [check_non_negative_int("seed", seed)]
+    entropy += [check_non_negative_int(f"keys[{i}]", key) for i, key in enumerate(keys)]
     if not _seeded_noise_warned:
         _seeded_noise_warned = True
         logger.warning(
@@ -123,15 +125,3 @@ def make_rng(seed: int | None) -> np.random.Generator:
     )
     return np.random.default_rng(value)
 
-
-def _check_key(name: str, value: object) -> int:
-    """Return ``value`` as an int >= 0, naming ``name`` in any error."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an integer, got {name}={value!r}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {name}={value!r}") from None
-    if n < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {name}={value!r}")
-    return n

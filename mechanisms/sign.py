@@ -14,17 +14,17 @@ any other clipped update whichever hypothesis was chosen, so the hypotheses'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
+from numpy.random import Generator
 
-from mechanisms._validation import check_generator, check_non_negative_finite
+from mechanisms.base import Layers
 from mechanisms.events import SignReleaseEvent
 from mechanisms.gaussian import _ClippedGaussianBase
 
 
-class StochasticSign(_ClippedGaussianBase):
+class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
     """±1 per coordinate of the clipped update, +1 with probability Φ(p/σ).
 
     Same parameters, clipping and calibration as
@@ -40,31 +40,18 @@ class StochasticSign(_ClippedGaussianBase):
     name: ClassVar[str] = "sign"
     _CENTRED_ON_REFERENCE: ClassVar[bool] = False
 
-    def event(
-        self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray]
-    ) -> SignReleaseEvent:
+    def _event(self, upd: Layers) -> SignReleaseEvent:
         """Return ``SignReleaseEvent(noise_multiplier=z)``."""
-        self._check(reference, updated)
         return SignReleaseEvent(self.noise_multiplier)
 
-    def sanitize(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        rng: np.random.Generator,
-        spread: float = 0.0,
-    ) -> list[np.ndarray]:
+    def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
         """Return ±1 arrays shaped and typed like ``updated`` (``spread`` is ignored)."""
         # scipy.special costs ~0.4 s to import; only this mechanism needs it.
         from scipy.special import ndtr
 
-        check_generator(rng)
-        check_non_negative_finite("spread", spread)
-        ref, upd = self._check(reference, updated)
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)
-        sigma = self.sigma(n)
+        sigma = self._noise_sigma(n, spread)
         uniform = rng.random(n)
         out = []
         offset = 0

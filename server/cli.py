@@ -96,7 +96,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _ledger(args: argparse.Namespace) -> int:
-    from mechanisms import LedgerCorruptError, format_ledger
+    from mechanisms import LedgerCorruptError
+    from server.ledger_view import format_ledger
 
     try:
         print(format_ledger(Path(args.path)))

@@ -1,4 +1,4 @@
-"""The contract every Mechanism keeps, the factory, the events, and import weight."""
+"""The contract every Mechanism keeps, the events, and import weight."""
 
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from mechanisms import (
     PrivacyEvent,
     SignReleaseEvent,
     StochasticSign,
-    build_mechanism,
     event_from_dict,
 )
 from mechanisms.events import EVENT_TYPES
@@ -197,74 +196,6 @@ class TestEveryMechanism:
         reference, updated = make_pair()
         with pytest.raises(TypeError, match=r"rng must be a numpy\.random\.Generator"):
             mechanism.sanitize(reference, updated, rng=0)  # type: ignore[arg-type]
-
-
-# -- build_mechanism -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("name", "settings", "expected"),
-    [
-        ("laplace", {"calibration": "neighbourhood", "noise_multiplier": 5.0}, EuclideanLaplace),
-        ("laplace", {"calibration": "fixed", "epsilon": 1.0, "public-radius": 2.0},
-         EuclideanLaplace),
-        ("gaussian", {"clip": 1.0, "epsilon": 1.0, "delta": 1e-5, "planned-releases": 5},
-         GaussianMechanism),
-        ("sign", {"clip": 1.0, "clip-mode": "elementwise", "epsilon": 1.0, "delta": 1e-5,
-                  "planned_releases": 5}, StochasticSign),
-        ("none", {}, NoMechanism),
-    ],
-)
-def test_build_mechanism_makes_the_named_class(
-    name: str, settings: dict[str, object], expected: type
-) -> None:
-    # Execute
-    mechanism = build_mechanism(name, **settings)
-
-    # Assert
-    assert type(mechanism) is expected
-    assert mechanism.name == name
-
-
-def test_build_mechanism_reads_a_whole_privacy_section() -> None:
-    # Prepare: every privacy key of the run configuration, as pyproject.toml has them.
-    section = {
-        "calibration": "fixed", "noise-multiplier": 5.0, "epsilon": 1.0, "public-radius": 3.0,
-        "per-layer": True, "delta": 1e-5, "clip": 1.0, "clip-mode": "l2", "planned-releases": 40,
-    }
-
-    # Execute
-    laplace = build_mechanism("laplace", **section)
-    gaussian = build_mechanism("gaussian", **section)
-
-    # Assert: each takes only its own keys.
-    assert isinstance(laplace, EuclideanLaplace)
-    assert (laplace.calibration, laplace.epsilon, laplace.public_radius, laplace.per_layer) == (
-        "fixed", 1.0, 3.0, True)
-    assert laplace.noise_multiplier is None
-    assert isinstance(gaussian, GaussianMechanism)
-    assert (gaussian.clip, gaussian.epsilon, gaussian.planned_releases) == (1.0, 1.0, 40)
-
-
-@pytest.mark.parametrize(
-    ("name", "settings", "error", "pattern"),
-    [
-        ("dp-sgd", {}, ValueError, r"unknown mechanism 'dp-sgd'; known mechanisms: \['gaussian'"),
-        ("laplace", {"noise_multipler": 5.0}, TypeError, "unknown mechanism setting"),
-        ("laplace", {"calibration": "neighbourhood"}, ValueError,
-         "mechanism 'laplace' needs the setting\\(s\\) noise_multiplier"),
-        ("laplace", {"calibration": "fixed", "epsilon": 1.0}, ValueError, "public_radius"),
-        ("gaussian", {"clip": 1.0, "epsilon": 1.0}, ValueError,
-         "mechanism 'gaussian' needs the setting\\(s\\) delta, planned_releases"),
-        ("laplace", {"calibration": "hybrid", "noise_multiplier": 1.0}, ValueError,
-         "calibration must be one of"),
-    ],
-)
-def test_build_mechanism_errors_are_clear(
-    name: str, settings: dict[str, object], error: type[Exception], pattern: str
-) -> None:
-    with pytest.raises(error, match=pattern):
-        build_mechanism(name, **settings)
 
 
 # -- events ------------------------------------------------------------------------------------

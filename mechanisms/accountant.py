@@ -1,0 +1,227 @@
+"""The accountant: what a sequence of charged releases has spent, and whether one more fits.
+
+Pure functions over immutable records: a :class:`LedgerEntry` (one charged
+:class:`~mechanisms.events.PrivacyEvent`, when and in which round) goes in, a
+:class:`Spend` or a :class:`BudgetExceededError` comes out. Nothing here reads or
+writes a file; :mod:`mechanisms.ledger_store` keeps the entries on disk and
+:class:`~mechanisms.ledger.PrivacyLedger` puts the two together.
+
+Composition, by the event's family (:mod:`mechanisms.events`); a family's spend is
+compared only with a cap in its own unit:
+
+* ``"d-privacy"`` (``neighbourhood`` and ``metric`` events, Euclidean Laplace):
+  costs add, Σ ε·r (Theorem 3.1 of Galli et al.), reported as ``Spend.d_privacy``;
+* ``"rdp"`` (``gaussian`` and ``sign`` events; a sign release is post-processing of
+  a Gaussian one): composed by dp-accounting's ``RdpAccountant`` (events grouped by
+  noise multiplier as ``SelfComposedDpEvent``) into ``Spend.epsilon`` at the
+  ledger's δ;
+* ``"none"`` (``none`` events, no noise): counted as releases; they carry no
+  guarantee, so no cap admits them, only ``cap=None``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mechanisms._validation import check_open_unit, check_real
+from mechanisms.calibration import composed_gaussian_epsilon
+from mechanisms.events import (
+    EVENT_TYPES,
+    GaussianReleaseEvent,
+    MetricPrivacyEvent,
+    NeighbourhoodEvent,
+    PrivacyEvent,
+)
+
+# A cap is compared with a sum of floats: 6 releases of 0.4 sum to 2.4000000000000004.
+# This relative slack keeps such a release inside a cap of 2.4; it is far below any
+# meaningful privacy difference.
+_CAP_RTOL = 1e-9
+
+#: The event classes the accountant composes; any other is refused before anything changes.
+SUPPORTED_EVENTS: tuple[type[PrivacyEvent], ...] = EVENT_TYPES
+
+
+class BudgetExceededError(Exception):
+    """The next release would pass the client's cap; nothing was changed.
+
+    Attributes
+    ----------
+    spent : float
+        The current spend in the cap's unit (d-privacy Σ ε·r, or RDP ε).
+    would_spend : float
+        The spend after the release (``inf`` for a release without noise).
+    cost : float
+        ``would_spend - spent``.
+    cap : float
+        The cap.
+    """
+
+    def __init__(self, message: str, *, spent: float, would_spend: float, cap: float) -> None:
+        super().__init__(message)
+        self.spent = spent
+        self.would_spend = would_spend
+        self.cost = would_spend - spent
+        self.cap = cap
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What a client has spent so far, one figure per family (never added together).
+
+    Attributes
+    ----------
+    d_privacy : float
+        Σ ε·r over its d-privacy (Euclidean Laplace) releases.
+    epsilon, delta : float
+        The RDP-composed (ε, δ) of its Gaussian and sign releases (0, 0 if none).
+    releases : int
+        Releases charged, of every kind.
+    declines : int
+        Rounds declined because of the cap.
+    """
+
+    d_privacy: float
+    epsilon: float
+    delta: float
+    releases: int
+    declines: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Return the fields as a dict (snake_case keys)."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One charged release: the event, when (UTC, ISO 8601) and in which round."""
+
+    event: PrivacyEvent
+    time: str
+    round: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form stored in the ledger file."""
+        return {"time": self.time, "round": self.round, "event": self.event.to_dict()}
+
+
+def check_supported(event: PrivacyEvent) -> None:
+    """Refuse an event this accountant cannot compose, or one with out-of-range fields.
+
+    Raises
+    ------
+    TypeError
+        ``event`` is not an instance of exactly one of :data:`SUPPORTED_EVENTS` (a
+        subclass could change the cost without the accountant knowing).
+    ValueError
+        A field is out of range (e.g. a non-finite noise multiplier).
+    """
+    if type(event) not in SUPPORTED_EVENTS:
+        raise TypeError(
+            f"cannot charge {event!r}: not one of "
+            f"{', '.join(cls.__name__ for cls in SUPPORTED_EVENTS)}"
+        )
+    event.validate()
+
+
+def check_cap_value(cap: object) -> float | None:
+    """Return ``cap`` as a float that is >= 0 and finite, or ``None`` (no cap)."""
+    if cap is None:
+        return None
+    value = check_real("cap", cap)
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise ValueError(
+            f"cap must be non-negative and finite (None for no cap), got cap={value!r}"
+        )
+    return value
+
+
+def compose(entries: Sequence[LedgerEntry], *, declines: int, delta: float) -> Spend:
+    """Return the spend of ``entries`` (see the module notes), with ``declines`` declines.
+
+    Parameters
+    ----------
+    entries : sequence of LedgerEntry
+        Every charged release.
+    declines : int
+        The rounds declined, reported as they are.
+    delta : float
+        The δ, in (0, 1), at which the Gaussian and sign releases are reported as (ε, δ).
+    """
+    delta = check_open_unit("delta", delta)
+    groups = _gaussian_groups(entries)
+    return Spend(
+        d_privacy=_d_privacy(entries),
+        epsilon=composed_gaussian_epsilon(groups, delta),
+        delta=delta if groups else 0.0,
+        releases=len(entries),
+        declines=declines,
+    )
+
+
+def check_cap(
+    entries: Sequence[LedgerEntry],
+    event: PrivacyEvent,
+    *,
+    cap: float,
+    delta: float,
+    ledger: object,
+) -> None:
+    """Raise :class:`BudgetExceededError` if charging ``event`` after ``entries`` passes ``cap``.
+
+    Only the spend of ``event``'s family is compared with ``cap`` (see
+    :meth:`mechanisms.ledger.PrivacyLedger.charge`); a ``"none"`` event passes no
+    cap. ``ledger`` names the ledger in the error message.
+    """
+    if event.family == "none":
+        raise BudgetExceededError(
+            f"a release without noise (mechanism 'none') has no privacy guarantee and "
+            f"cannot fit under any cap (cap={cap!r}); ledger {ledger}",
+            spent=0.0,
+            would_spend=math.inf,
+            cap=cap,
+        )
+    if event.family == "d-privacy":
+        costs = [_d_cost(e.event) for e in entries if e.event.family == "d-privacy"]
+        before = math.fsum(costs)
+        # The same fsum the spend will report once the entry is written.
+        after = math.fsum([*costs, _d_cost(event)])
+        unit = "d-privacy Σ ε·r"
+    else:
+        groups = _gaussian_groups(entries)
+        before = composed_gaussian_epsilon(groups, delta)
+        groups[_noise_multiplier(event)] += 1
+        after = composed_gaussian_epsilon(groups, delta)
+        unit = f"RDP ε at δ={delta:g}"
+    if after > cap * (1.0 + _CAP_RTOL):
+        raise BudgetExceededError(
+            f"release refused: {unit} spent {before:.6g}, this release would bring it to "
+            f"{after:.6g} (cost {after - before:.6g}), over the cap {cap:.6g}; "
+            f"ledger {ledger}",
+            spent=before,
+            would_spend=after,
+            cap=cap,
+        )
+
+
+def _d_cost(event: PrivacyEvent) -> float:
+    if not isinstance(event, (MetricPrivacyEvent, NeighbourhoodEvent)):
+        raise TypeError(f"{event!r} is not a d-privacy event")
+    return event.cost
+
+
+def _d_privacy(entries: Sequence[LedgerEntry]) -> float:
+    return math.fsum(_d_cost(e.event) for e in entries if e.event.family == "d-privacy")
+
+
+def _noise_multiplier(event: PrivacyEvent) -> float:
+    assert isinstance(event, GaussianReleaseEvent)
+    return event.noise_multiplier
+
+
+def _gaussian_groups(entries: Sequence[LedgerEntry]) -> Counter[float]:
+    return Counter(_noise_multiplier(e.event) for e in entries if e.event.family == "rdp")
