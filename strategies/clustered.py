@@ -35,7 +35,6 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,7 +53,8 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
-from strategies.aggregation import budget_weights, check_aggregation
+from strategies.aggregation import check_aggregation, cluster_means, sign_step
+from strategies.clustering import assign_clusters
 from strategies.intake import ReplyScreen
 from strategies.norms import NormLimits
 from strategies.proxies import TracedProxy
@@ -406,12 +406,12 @@ class ClusteredStrategy(Strategy):
                     f"{intake.failures} failed, {len(intake.missing)} missing)")
             _LOG.warning("round %d: %s; hypotheses unchanged", t, kept)
         elif self.release == "sign":
-            weights = budget_weights(sigmas, self.aggregation, self._rng).astype(np.float32)
-            vote = weights @ released
-            new_flat = self._flat + np.float32(self.server_learning_rate) * np.sign(vote)
+            new_flat = sign_step(self._flat, released, sigmas, self.aggregation, self._rng,
+                                 self.server_learning_rate)
         else:
-            labels = self._assign(released)
-            new_flat = self._cluster_means(released, sigmas, labels)
+            labels = assign_clusters(released, self._flat)
+            new_flat = cluster_means(released, sigmas, labels, self._flat, self.aggregation,
+                                     self._rng)
         if kept is None and not np.isfinite(new_flat).all():
             # Unreachable with screened replies (see strategies.norms); a last guard that the
             # hypotheses never hold a NaN or an inf.
@@ -625,69 +625,6 @@ class ClusteredStrategy(Strategy):
                     self.best_round,
                 )
         return loss, val_metrics
-
-    def _nearest(self, released: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-        """Index of the nearest centroid for each released vector."""
-        # ‖x − h‖² = ‖x‖² − 2x·h + ‖h‖²; ‖x‖² does not change the argmin.
-        h = centroids.astype(np.float64)
-        scores = np.einsum("ij,ij->i", h, h)[None, :] - 2.0 * (released @ h.T)
-        return np.argmin(scores, axis=1).astype(np.intp)
-
-    def _assign(self, released: np.ndarray) -> np.ndarray:
-        """Cluster index of each released vector (centroid j is hypothesis j).
-
-        k-means runs only over the hypotheses that attract at least one release
-        at the start (nearest hypothesis). A hypothesis that attracts none is an
-        empty cluster and keeps its value: scikit-learn would otherwise move an
-        empty centroid onto the farthest point, which under local noise is the
-        noisiest release of the round, and a hypothesis that jumps there is
-        then chosen by no client again. (With ν = 5 on the synthetic task this
-        relocation alone sent hypotheses 5-7 units away in most runs.)
-        """
-        k = self.num_hypotheses
-        m = released.shape[0]
-        if k == 1:
-            return np.zeros(m, dtype=np.intp)
-        start = self._nearest(released, self._flat)
-        used = np.unique(start)
-        if used.size < 2 or m <= used.size:
-            return start
-        sub = self._kmeans(released, self._flat[used])
-        return used[sub]
-
-    def _kmeans(self, released: np.ndarray, init: np.ndarray) -> np.ndarray:
-        # Imported here: sklearn costs ~2 s to import, and only the ServerApp needs it.
-        from sklearn.cluster import KMeans
-        from sklearn.exceptions import ConvergenceWarning
-
-        # tol=0: stop when the assignment stops changing (which Lloyd's algorithm reaches),
-        # and it spares sklearn's np.var(X, axis=0), a temporary as large as the data.
-        # copy_x=True (the default): sklearn centres a copy, so the releases stay exact.
-        kmeans = KMeans(n_clusters=init.shape[0], init=init, n_init=1, tol=0.0, copy_x=True)
-        with warnings.catch_warnings(record=True) as caught:
-            # Fewer distinct points than clusters is expected (identical replies): log it.
-            warnings.simplefilter("always", ConvergenceWarning)
-            kmeans.fit(released)
-        for warning in caught:
-            _LOG.info("k-means: %s", warning.message)
-        return np.asarray(kmeans.labels_, dtype=np.intp)
-
-    def _cluster_means(
-        self, released: np.ndarray, sigmas: np.ndarray, labels: np.ndarray
-    ) -> np.ndarray:
-        """Budget-weighted mean of each cluster; an empty cluster keeps its hypothesis."""
-        k = self.num_hypotheses
-        weights = np.zeros((k, released.shape[0]), dtype=np.float32)
-        for j in range(k):
-            members = np.flatnonzero(labels == j)
-            if members.size:
-                weights[j, members] = budget_weights(sigmas[members], self.aggregation, self._rng)
-        # One (k × m)·(m × n) product in float32 (a float64 weight matrix would upcast the
-        # whole m × n matrix).
-        new_flat = weights @ released
-        empty = ~weights.any(axis=1)
-        new_flat[empty] = self._flat[empty]
-        return new_flat
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> int:
