@@ -11,7 +11,12 @@ One round, as Flower's legacy ``Server.fit`` drives it::
                     (an empty cluster keeps its hypothesis); for the stochastic-sign release, a
                     majority-vote step instead
     evaluate        server-side validation every ``eval_every`` rounds, early stop on
-                    ``patience``, then one :class:`RoundRecord` for the round
+                    ``patience``, then one :class:`RoundRecord` for the round (inherited from
+                    :class:`~strategies.recorded.RecordedStrategy`)
+
+The math is pure functions on NumPy arrays: :func:`strategies.clustering.assign_clusters` (which
+cluster each release joins) and :mod:`strategies.aggregation` (what each cluster becomes); this
+class converts Flower's messages to a (m, n) float32 matrix and back, and orchestrates.
 
 Flower calls ``evaluate(0, ...)`` after ``initialize_parameters`` and then, every round,
 ``configure_fit`` → ``aggregate_fit`` → ``evaluate`` → ``configure_evaluate``. Round 0 is
@@ -36,28 +41,20 @@ import logging
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.common import (
-    EvaluateIns,
-    EvaluateRes,
-    FitIns,
-    FitRes,
-    Parameters,
-    Scalar,
-    ndarrays_to_parameters,
-)
+from flwr.common import FitIns, FitRes, Parameters, Scalar, ndarrays_to_parameters
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.server.strategy import Strategy
 
 from strategies.aggregation import check_aggregation, cluster_means, sign_step
 from strategies.clustering import assign_clusters
+from strategies.hypotheses import split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen
 from strategies.norms import NormLimits
 from strategies.proxies import TracedProxy
+from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
 
 __all__ = ["RELEASES", "ClientRecord", "ClusteredStrategy", "RoundRecord"]
@@ -71,31 +68,13 @@ _RESERVED_CONFIG = ("num-hypotheses", "server-round")
 #: devices started together register within seconds, and a federation smaller than
 #: ``clients_per_round`` should not wait a whole round timeout to find that out.
 _FORMING_GRACE_S = 15.0
-#: Version of :meth:`ClusteredStrategy.state`'s layout.
+#: Version of :meth:`ClusteredStrategy.state`'s layout, and its keys in the order written.
 STATE_VERSION = 1
-
-EvaluateFn = Callable[[list[list[np.ndarray]]], Mapping[str, float]]
-
-
-@dataclass
-class _RoundResult:
-    """aggregate_fit's outcome, kept until evaluate() of the same round writes the record."""
-
-    round: int
-    cluster_sizes: list[int]
-    replies: int
-    declined: int
-    dropped: list[tuple[str, str]]
-    failures: int
-    released: list[list[float]] | None
-    labels: list[int] | None
-    missing: list[str]
-    failed: list[tuple[str, str]]
-    kept: str | None
-    sampled: int
+_STATE_KEYS = ("version", "round", "shapes", "rounds_completed", "best_loss", "best_round",
+               "stale_evaluations", "stopped_early", "rng", "clients", "screen", "history")
 
 
-class ClusteredStrategy(Strategy):
+class ClusteredStrategy(RecordedStrategy):
     """Clustered federated learning with locally private releases (Algorithm 1, server side).
 
     Parameters
@@ -190,8 +169,7 @@ class ClusteredStrategy(Strategy):
         on_stop: Callable[[str], None] | None = None,
         keep_released: bool = False,
     ) -> None:
-        super().__init__()
-        self._shapes, self._flat = _stack_hypotheses(initial_hypotheses)
+        self._shapes, self._flat = stack_hypotheses(initial_hypotheses)
         k = self.num_hypotheses
 
         clients_per_round = _check_int("clients_per_round", clients_per_round, minimum=1)
@@ -224,39 +202,26 @@ class ClusteredStrategy(Strategy):
         if clash:
             raise ValueError(f"fit_config may not set {', '.join(clash)}: the strategy sets them")
 
+        super().__init__(evaluate_fn=evaluate_fn, eval_every=eval_every, patience=patience,
+                         on_round=on_round)
         self.clients_per_round = clients_per_round
         self.min_replies = min_replies
         self.round_timeout = float(round_timeout)
         self.release = release
         self.aggregation = check_aggregation(aggregation)
         self.server_learning_rate = float(server_learning_rate)
-        self.eval_every = eval_every
-        self.patience = patience
         self.keep_released = keep_released
         self._fit_config: dict[str, Scalar] = fit_config
-        self._evaluate_fn = evaluate_fn
-        self._on_round = on_round
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
         self._screen = ReplyScreen(self._shapes, release=release,
                                    need_sigma=self.aggregation != "mean", limits=limits)
 
-        self.history: list[RoundRecord] = []
-        self.clients: dict[str, ClientRecord] = {}
-        self.stopped_early = False
         self.incomplete_reason: str | None = None
-        self.rounds_completed = 0
-        self.last_round = 0
-        self.round_offset = 0
-        self._restored = False
-        self.best_loss: float | None = None
-        self.best_round: int | None = None
         # _flat is never modified in place (each round makes a new matrix), so keeping a
         # reference to the best one costs nothing.
         self._best_flat = self._flat
-        self._stale_evaluations = 0
-        self._pending: _RoundResult | None = None
         self._client_manager: ClientManager | None = None
         self._sampled: tuple[int, list[str]] = (-1, [])
         self._forming = True  # the first configure_fit of this process: devices still joining
@@ -278,41 +243,26 @@ class ClusteredStrategy(Strategy):
     @property
     def hypotheses(self) -> list[list[np.ndarray]]:
         """The current k hypotheses, k lists of L float32 arrays (a fresh copy)."""
-        return [[layer.copy() for layer in layers] for layers in self._layers(self._flat)]
+        return [[layer.copy() for layer in layers]
+                for layers in split_layers(self._flat, self._shapes)]
 
     @property
     def best_hypotheses(self) -> list[list[np.ndarray]]:
         """The hypotheses that reached ``best_loss`` (a fresh copy)."""
-        return [[layer.copy() for layer in layers] for layers in self._layers(self._best_flat)]
+        return [[layer.copy() for layer in layers]
+                for layers in split_layers(self._best_flat, self._shapes)]
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
         """The layer shapes of one hypothesis."""
         return list(self._shapes)
 
-    def _layers(self, flat: np.ndarray) -> list[list[np.ndarray]]:
-        """Return each row of a (k, n) matrix as a list of layer views."""
-        offsets = self._screen.offsets
-        return [
-            [
-                flat[j, start:stop].reshape(shape)
-                for start, stop, shape in zip(offsets[:-1], offsets[1:], self._shapes, strict=True)
-            ]
-            for j in range(flat.shape[0])
-        ]
-
     def _parameters(self) -> Parameters:
-        return ndarrays_to_parameters([a for layers in self._layers(self._flat) for a in layers])
+        layers = split_layers(self._flat, self._shapes)
+        return ndarrays_to_parameters([a for hypothesis in layers for a in hypothesis])
 
-    def _client(self, cid: str) -> ClientRecord:
-        record = self.clients.get(cid)
-        if record is None:
-            record = self.clients[cid] = ClientRecord(cid=cid)
-        return record
-
-    def _round(self, server_round: int) -> int:
-        """Return the run's round for Flower's ``server_round`` (Flower restarts at 1)."""
-        return self.round_offset + server_round
+    def _keep_best(self) -> None:
+        self._best_flat = self._flat
 
     # ----------------------------------------------------------------- Strategy API
 
@@ -421,7 +371,7 @@ class ClusteredStrategy(Strategy):
 
         cluster_sizes = (np.bincount(labels, minlength=k).tolist() if kept is None
                          else [0] * k)
-        self._pending = _RoundResult(
+        self._pending = RoundResult(
             round=t,
             cluster_sizes=cluster_sizes,
             replies=m,
@@ -449,78 +399,6 @@ class ClusteredStrategy(Strategy):
         self.rounds_completed += 1
         return self._parameters(), metrics
 
-    def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        """Return no clients: validation is done on the server (``evaluate``)."""
-        return []
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        """Return nothing: there is no federated evaluation."""
-        return None, {}
-
-    def evaluate(
-        self, server_round: int, parameters: Parameters
-    ) -> tuple[float, dict[str, Scalar]] | None:
-        """Validate the hypotheses (when due), update the patience and record the round.
-
-        The strategy's own hypotheses are validated (``parameters`` is what ``aggregate_fit``
-        returned, so the same values). Round 0 and every ``eval_every``-th round are validated.
-
-        Returns
-        -------
-        tuple of (float, dict) or None
-            ``(loss, other metrics)`` when validated; ``None`` otherwise, and for rounds that
-            did not train (after an early stop, or skipped for lack of clients), which are not
-            recorded either. After :meth:`restore` Flower's round 0 is the restored round,
-            already recorded: ``None``.
-        """
-        t = self._round(server_round)
-        if server_round == 0:
-            if self._restored:
-                return None
-            k = self.num_hypotheses
-            result = _RoundResult(0, [0] * k, 0, 0, [], 0, None, None, [], [], None, 0)
-        else:
-            pending, self._pending = self._pending, None
-            if pending is None or pending.round != t:
-                return None
-            result = pending
-
-        loss: float | None = None
-        val_metrics: dict[str, float] = {}
-        if self._evaluate_fn is not None and t % self.eval_every == 0:
-            loss, val_metrics = self._validate(t)
-
-        record = RoundRecord(
-            round=t,
-            val_loss=loss,
-            val_metrics=val_metrics,
-            cluster_sizes=result.cluster_sizes,
-            replies=result.replies,
-            declined=result.declined,
-            dropped=result.dropped,
-            failures=result.failures,
-            released=result.released,
-            labels=result.labels,
-            missing=result.missing,
-            failed=result.failed,
-            kept=result.kept,
-            sampled=result.sampled,
-        )
-        self.history.append(record)
-        self.last_round = t
-        if self._on_round is not None:
-            self._on_round(record)
-        if loss is None:
-            return None
-        return loss, dict(val_metrics)
-
     # ----------------------------------------------------------------- checkpoint state
 
     def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
@@ -537,18 +415,13 @@ class ClusteredStrategy(Strategy):
         """
         state: dict[str, Any] = {
             "version": STATE_VERSION,
-            "round": self.last_round,
             "shapes": [list(shape) for shape in self._shapes],
-            "rounds_completed": self.rounds_completed,
-            "best_loss": self.best_loss,
-            "best_round": self.best_round,
-            "stale_evaluations": self._stale_evaluations,
-            "stopped_early": self.stopped_early,
             "rng": self._rng.bit_generator.state,
-            "clients": [record.to_dict() for record in self.clients.values()],
             "screen": self._screen.to_dict(),
-            "history": [record.to_dict() for record in self.history],
+            **self._records_state(),
         }
+        # The key order of checkpoints written before the bookkeeping moved to RecordedStrategy.
+        state = {key: state[key] for key in _STATE_KEYS}
         return state, {"hypotheses": self._flat.copy(), "best_hypotheses": self._best_flat.copy()}
 
     def restore(self, state: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
@@ -582,49 +455,9 @@ class ClusteredStrategy(Strategy):
                              f"run's is {type(self._rng.bit_generator).__name__!r}")
         self._rng.bit_generator.state = rng_state
         self._flat, self._best_flat = flat.copy(), best.copy()
-        self.last_round = self.round_offset = int(state["round"])
-        self._restored = True
-        self.rounds_completed = int(state["rounds_completed"])
-        self.best_loss = state["best_loss"]
-        self.best_round = state["best_round"]
-        self._stale_evaluations = int(state["stale_evaluations"])
-        self.stopped_early = bool(state["stopped_early"])
+        self._load_records(state)
         self.incomplete_reason = None
-        self.clients = {c["cid"]: ClientRecord.from_dict(c) for c in state["clients"]}
         self._screen.load_dict(state["screen"])
-        self.history = [RoundRecord.from_dict(r) for r in state["history"]]
-        self._pending = None
-
-    # ----------------------------------------------------------------- helpers
-
-    def _validate(self, server_round: int) -> tuple[float, dict[str, float]]:
-        """Run evaluate_fn and update best loss / patience."""
-        assert self._evaluate_fn is not None
-        out = dict(self._evaluate_fn(self.hypotheses))
-        if "loss" not in out:
-            raise ValueError(f"evaluate_fn must return a 'loss' entry, got keys {sorted(out)}")
-        loss = float(out.pop("loss"))
-        val_metrics = {key: float(value) for key, value in out.items()}
-
-        # A NaN loss is never an improvement (and never becomes the best).
-        if math.isfinite(loss) and (self.best_loss is None or loss < self.best_loss):
-            self.best_loss = loss
-            self.best_round = server_round
-            self._best_flat = self._flat
-            self._stale_evaluations = 0
-        else:
-            self._stale_evaluations += 1
-            if self.patience and self._stale_evaluations >= self.patience:
-                self.stopped_early = True
-                _LOG.info(
-                    "round %d: early stop, no better validation loss in %d evaluations "
-                    "(best %s in round %s)",
-                    server_round,
-                    self._stale_evaluations,
-                    self.best_loss,
-                    self.best_round,
-                )
-        return loss, val_metrics
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> int:
@@ -632,32 +465,3 @@ def _check_int(name: str, value: object, *, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
     return int(value)
-
-
-def _stack_hypotheses(
-    hypotheses: Sequence[Sequence[np.ndarray]],
-) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """Check the k hypotheses and return (layer shapes, k × n float32 matrix)."""
-    if len(hypotheses) == 0:
-        raise ValueError("initial_hypotheses must hold at least one hypothesis, got none")
-    first = [np.asarray(layer) for layer in hypotheses[0]]
-    if not first:
-        raise ValueError("initial_hypotheses[0] has no layers")
-    shapes = [layer.shape for layer in first]
-    n = sum(math.prod(shape) for shape in shapes)
-    if n == 0:
-        raise ValueError("initial_hypotheses[0] has no parameters (all layers are empty)")
-    flat = np.empty((len(hypotheses), n), dtype=np.float32)
-    for j, layers in enumerate(hypotheses):
-        arrays = [np.asarray(layer) for layer in layers]
-        if [a.shape for a in arrays] != shapes:
-            raise ValueError(
-                f"initial_hypotheses[{j}] has layer shapes {[a.shape for a in arrays]}, "
-                f"expected {shapes} like initial_hypotheses[0]"
-            )
-        if any(not np.issubdtype(a.dtype, np.number) for a in arrays):
-            raise ValueError(f"initial_hypotheses[{j}] has non-numeric layers")
-        flat[j] = np.concatenate([a.ravel() for a in arrays])
-        if not np.isfinite(flat[j]).all():
-            raise ValueError(f"initial_hypotheses[{j}] has non-finite values")
-    return shapes, flat
