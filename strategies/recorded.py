@@ -16,6 +16,7 @@ out of a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from abc import abstractmethod
@@ -175,22 +176,9 @@ class RecordedStrategy(Strategy):
         if self._evaluate_fn is not None and t % self.eval_every == 0:
             loss, val_metrics = self._validate(t)
 
-        record = RoundRecord(
-            round=t,
-            val_loss=loss,
-            val_metrics=val_metrics,
-            cluster_sizes=result.cluster_sizes,
-            replies=result.replies,
-            declined=result.declined,
-            dropped=result.dropped,
-            failures=result.failures,
-            released=result.released,
-            labels=result.labels,
-            missing=result.missing,
-            failed=result.failed,
-            kept=result.kept,
-            sampled=result.sampled,
-        )
+        # A RoundRecord is the RoundResult plus the validation (fields taken as they are).
+        outcome = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+        record = RoundRecord(**{**outcome, "round": t}, val_loss=loss, val_metrics=val_metrics)
         self.history.append(record)
         self.last_round = t
         if self._on_round is not None:
