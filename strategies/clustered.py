@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,6 +55,7 @@ from strategies.norms import NormLimits
 from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
+from strategies.sampling import check_int, check_sampling, sample_devices
 
 __all__ = ["RELEASES", "ClientRecord", "ClusteredStrategy", "RoundRecord"]
 
@@ -64,10 +64,6 @@ _LOG = logging.getLogger(__name__)
 RELEASES: tuple[str, ...] = ("parameters", "sign")
 # Config keys the strategy sets itself; ``fit_config`` may not override them.
 _RESERVED_CONFIG = ("num-hypotheses", "server-round")
-#: How long the first round waits for ``clients_per_round`` devices (beyond ``min_replies``):
-#: devices started together register within seconds, and a federation smaller than
-#: ``clients_per_round`` should not wait a whole round timeout to find that out.
-_FORMING_GRACE_S = 15.0
 #: Version of :meth:`ClusteredStrategy.state`'s layout, and its keys in the order written.
 STATE_VERSION = 1
 _STATE_KEYS = ("version", "round", "shapes", "rounds_completed", "best_loss", "best_round",
@@ -127,20 +123,10 @@ class ClusteredStrategy(RecordedStrategy):
     best_hypotheses : list of list of np.ndarray
         The hypotheses with the lowest validation loss so far (the current ones if never
         validated).
-    history : list of RoundRecord
-        One record per round that trained, plus round 0.
-    clients : dict of str to ClientRecord
-        Per node id, every client ever sampled.
-    stopped_early : bool
-        Whether the patience ran out.
     incomplete_reason : str or None
         Why the run stopped before its last round (too few devices), if it did.
-    rounds_completed : int
-        Rounds whose aggregation changed the hypotheses.
-    last_round : int
-        The last round recorded (0 before any; the restored round after :meth:`restore`).
-    best_loss : float or None
-        Lowest validation loss so far; ``best_round`` is the round it was reached in.
+    history, clients, stopped_early, rounds_completed, last_round, best_loss, best_round
+        The run's records (:class:`~strategies.recorded.RecordedStrategy`).
 
     Raises
     ------
@@ -172,15 +158,8 @@ class ClusteredStrategy(RecordedStrategy):
         self._shapes, self._flat = stack_hypotheses(initial_hypotheses)
         k = self.num_hypotheses
 
-        clients_per_round = _check_int("clients_per_round", clients_per_round, minimum=1)
-        min_replies = _check_int("min_replies", min_replies, minimum=1)
-        if isinstance(round_timeout, bool) or not isinstance(round_timeout, int | float) or not (
-            math.isfinite(round_timeout) and round_timeout > 0
-        ):
-            raise ValueError(
-                f"round_timeout must be a positive number of seconds, got "
-                f"round_timeout={round_timeout!r}"
-            )
+        clients_per_round, min_replies, round_timeout = check_sampling(
+            clients_per_round, min_replies, round_timeout)
         if release not in RELEASES:
             raise ValueError(
                 f"release must be one of {', '.join(RELEASES)}; got release={release!r}"
@@ -195,8 +174,8 @@ class ClusteredStrategy(RecordedStrategy):
                 "server_learning_rate must be positive and finite, "
                 f"got server_learning_rate={server_learning_rate!r}"
             )
-        eval_every = _check_int("eval_every", eval_every, minimum=1)
-        patience = _check_int("patience", patience, minimum=0)
+        eval_every = check_int("eval_every", eval_every, minimum=1)
+        patience = check_int("patience", patience, minimum=0)
         fit_config = dict(fit_config or {})
         clash = sorted(set(fit_config) & set(_RESERVED_CONFIG))
         if clash:
@@ -206,7 +185,7 @@ class ClusteredStrategy(RecordedStrategy):
                          on_round=on_round)
         self.clients_per_round = clients_per_round
         self.min_replies = min_replies
-        self.round_timeout = float(round_timeout)
+        self.round_timeout = round_timeout
         self.release = release
         self.aggregation = check_aggregation(aggregation)
         self.server_learning_rate = float(server_learning_rate)
@@ -276,32 +255,22 @@ class ClusteredStrategy(RecordedStrategy):
         """Sample up to ``clients_per_round`` connected clients and send them the hypotheses.
 
         Sampling is without replacement, uniform, with the strategy's rng over the connected
-        node ids in sorted order (so a fixed seed gives the same clients whatever order they
-        connected in). Waits at most ``round_timeout`` for clients to connect (see the class
-        notes). Returns no clients after an early stop, or when fewer than ``min_replies`` are
-        connected: the run then stops, with ``incomplete_reason`` saying so.
+        node ids in sorted order (:func:`strategies.sampling.sample_devices`). Waits at most
+        ``round_timeout`` for clients to connect (see the class notes). Returns no clients
+        after an early stop, or when fewer than ``min_replies`` are connected: the run then
+        stops, with ``incomplete_reason`` saying so.
         """
         t = self._round(server_round)
         if self.stopped_early or self.incomplete_reason is not None:
             return []
         self._client_manager = client_manager
-        connected = client_manager.num_available()
-        if self._forming and connected < self.clients_per_round:
-            grace = min(self.round_timeout, _FORMING_GRACE_S)
-            _LOG.info("round %d: %d devices connected; waiting up to %g s for "
-                      "clients-per-round=%d", t, connected, grace, self.clients_per_round)
-            client_manager.wait_for(self.clients_per_round, timeout=math.ceil(grace))
-            connected = client_manager.num_available()
+        available, chosen = sample_devices(
+            client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
+            min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming)
         self._forming = False
-        if connected < self.min_replies:
-            _LOG.info("round %d: %d devices connected; waiting up to %g s for min-replies=%d",
-                      t, connected, self.round_timeout, self.min_replies)
-            client_manager.wait_for(self.min_replies, timeout=math.ceil(self.round_timeout))
-        available = client_manager.all()
-        cids = sorted(available)
-        if len(cids) < self.min_replies:
+        if not chosen:
             self.incomplete_reason = (
-                f"round {t}: too few devices: {len(cids)} connected, "
+                f"round {t}: too few devices: {len(available)} connected, "
                 f"min-replies={self.min_replies}"
             )
             _LOG.error("%s; the run stops here (resume it once devices are back)",
@@ -309,11 +278,6 @@ class ClusteredStrategy(RecordedStrategy):
             if self._on_stop is not None:
                 self._on_stop(self.incomplete_reason)
             return []
-        size = min(self.clients_per_round, len(cids))
-        if size < self.clients_per_round:
-            _LOG.info("round %d: sampling %d devices, fewer than clients-per-round=%d: only %d "
-                      "are connected", t, size, self.clients_per_round, len(cids))
-        chosen = [cids[i] for i in self._rng.choice(len(cids), size=size, replace=False)]
         config: dict[str, Scalar] = {
             "num-hypotheses": self.num_hypotheses,
             "server-round": t,
@@ -459,9 +423,3 @@ class ClusteredStrategy(RecordedStrategy):
         self.incomplete_reason = None
         self._screen.load_dict(state["screen"])
 
-
-def _check_int(name: str, value: object, *, minimum: int) -> int:
-    """Return ``value`` as an int if it is an integer >= ``minimum``, else raise ValueError."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {name}={value!r}")
-    return int(value)
