@@ -18,12 +18,10 @@ The math is pure functions on NumPy arrays: :func:`strategies.clustering.assign_
 cluster each release joins) and :mod:`strategies.aggregation` (what each cluster becomes); this
 class converts Flower's messages to a (m, n) float32 matrix and back, and orchestrates.
 
-Flower calls ``evaluate(0, ...)`` after ``initialize_parameters`` and then, every round,
-``configure_fit`` → ``aggregate_fit`` → ``evaluate`` → ``configure_evaluate``. Round 0 is
-recorded as a :class:`RoundRecord` with no replies (the initial hypotheses' validation loss,
-the starting point of the patience count). After an early stop, or once too few devices are
-connected to start a round, ``configure_fit`` returns no clients, Flower skips the remaining
-rounds cheaply, and ``evaluate`` returns ``None`` and records nothing for them.
+Round 0 and the order of Flower's calls: :mod:`strategies.recorded`. After an early stop, or
+once too few devices are connected to start a round, ``configure_fit`` returns no clients,
+Flower skips the remaining rounds cheaply, and ``evaluate`` returns ``None`` and records nothing
+for them.
 
 The round's deadline is Flower's (``ServerConfig(round_timeout=...)``, which the Deployment
 Engine turns into each instruction's TTL); a device that misses it is reported by Flower as a
@@ -49,7 +47,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.aggregation import check_aggregation, cluster_means, sign_step
 from strategies.clustering import assign_clusters
-from strategies.hypotheses import split_layers, stack_hypotheses
+from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen
 from strategies.norms import NormLimits
 from strategies.proxies import TracedProxy
@@ -406,13 +404,7 @@ class ClusteredStrategy(RecordedStrategy):
         shapes = [tuple(shape) for shape in state["shapes"]]
         flat = np.asarray(arrays["hypotheses"], dtype=np.float32)
         best = np.asarray(arrays["best_hypotheses"], dtype=np.float32)
-        if shapes != self._shapes or flat.shape != self._flat.shape or best.shape != flat.shape:
-            raise ValueError(
-                f"the checkpoint holds {flat.shape[0]} hypotheses of layer shapes {shapes}, this "
-                f"run has {self.num_hypotheses} of {self._shapes}"
-            )
-        if not (np.isfinite(flat).all() and np.isfinite(best).all()):
-            raise ValueError("the checkpoint's hypotheses are not finite")
+        check_saved(shapes, flat, best, like=self._flat, like_shapes=self._shapes)
         rng_state = state["rng"]
         if rng_state.get("bit_generator") != type(self._rng.bit_generator).__name__:
             raise ValueError(f"the checkpoint's rng is {rng_state.get('bit_generator')!r}, this "

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["split_layers", "stack_hypotheses"]
+__all__ = ["check_saved", "split_layers", "stack_hypotheses"]
 
 
 def stack_hypotheses(
@@ -89,3 +89,34 @@ def split_layers(flat: np.ndarray, shapes: Sequence[tuple[int, ...]]) -> list[li
         ]
         for j in range(flat.shape[0])
     ]
+
+
+def check_saved(
+    shapes: Sequence[tuple[int, ...]], flat: np.ndarray, best: np.ndarray, like: np.ndarray,
+    like_shapes: Sequence[tuple[int, ...]],
+) -> None:
+    """Check a checkpoint's hypotheses against the run's before they replace them.
+
+    Parameters
+    ----------
+    shapes : sequence of tuple of int
+        The layer shapes the checkpoint names.
+    flat, best : np.ndarray
+        The checkpoint's current and best hypotheses, (k, n) each.
+    like : np.ndarray
+        The run's (k, n) hypotheses.
+    like_shapes : sequence of tuple of int
+        The run's layer shapes.
+
+    Raises
+    ------
+    ValueError
+        If the number of hypotheses, the shapes or the layers differ, or a value is not finite.
+    """
+    if list(shapes) != list(like_shapes) or flat.shape != like.shape or best.shape != flat.shape:
+        raise ValueError(
+            f"the checkpoint holds {flat.shape[0]} hypotheses of layer shapes {list(shapes)}, "
+            f"this run has {like.shape[0]} of {list(like_shapes)}"
+        )
+    if not (np.isfinite(flat).all() and np.isfinite(best).all()):
+        raise ValueError("the checkpoint's hypotheses are not finite")

@@ -74,6 +74,21 @@ class RecordedStrategy(Strategy):
     on_round : callable or None
         Called with each :class:`RoundRecord` as soon as it is complete.
 
+    Attributes
+    ----------
+    history : list of RoundRecord
+        One record per round that trained, plus round 0.
+    clients : dict of str to ClientRecord
+        Per node id, every client ever sampled.
+    stopped_early : bool
+        Whether the patience ran out.
+    rounds_completed : int
+        Rounds whose aggregation changed the hypotheses (the subclass counts them).
+    last_round : int
+        The last round recorded (0 before any; the restored round after a restore).
+    best_loss : float or None
+        Lowest validation loss so far; ``best_round`` is the round it was reached in.
+
     Notes
     -----
     A subclass provides ``num_hypotheses``, ``hypotheses`` and ``_keep_best`` (remember the
