@@ -68,7 +68,8 @@ class RecordedStrategy(Strategy):
     evaluate_fn : callable or None
         ``evaluate_fn(hypotheses) -> {"loss": ..., ...}``: validation on held-out users.
     eval_every : int
-        Validate after every ``eval_every``-th round (and always in round 0); already checked.
+        Validate after every ``eval_every``-th round (and always in round 0); the caller checks
+        it (an integer ≥ 1), as it checks ``patience`` (an integer ≥ 0).
     patience : int
         Stop after this many consecutive validations without a new best loss (0 = never).
     on_round : callable or None
