@@ -1,4 +1,15 @@
-"""Budget-aware aggregation weights (section 4 of Wu, Xu, Zhu 2023, plus inverse variance).
+"""What each cluster becomes: budget-aware weights, cluster means, the sign vote.
+
+Pure functions on NumPy arrays (no Flower), as Flower keeps its averaging in
+``flwr/server/strategy/aggregate.py``; the clusters themselves come from
+:func:`strategies.clustering.assign_clusters`.
+
+:func:`cluster_means`
+    each cluster's weighted mean of its releases; an empty cluster keeps its hypothesis.
+:func:`sign_step`
+    the stochastic-sign release (k = 1): θ ← θ + η·sign(weighted mean of the signs).
+:func:`budget_weights`
+    the weights of section 4 of Wu, Xu, Zhu (2023), plus inverse variance (below).
 
 Each released vector carries the standard deviation σ_i of its per-coordinate noise (the
 ``sigma`` metric of a reply). The server turns the σ of the releases it averages into
@@ -38,7 +49,7 @@ import logging
 
 import numpy as np
 
-__all__ = ["AGGREGATIONS", "budget_weights", "check_aggregation"]
+__all__ = ["AGGREGATIONS", "budget_weights", "check_aggregation", "cluster_means", "sign_step"]
 
 AGGREGATIONS: tuple[str, ...] = ("mean", "weighted", "probability", "inverse-variance")
 
@@ -118,3 +129,84 @@ def budget_weights(sigmas: np.ndarray, mode: str, rng: np.random.Generator) -> n
     if not kept.any():
         kept = p == p.max()
     return kept / kept.sum()
+
+
+def cluster_means(
+    released: np.ndarray,
+    sigmas: np.ndarray,
+    labels: np.ndarray,
+    hypotheses: np.ndarray,
+    mode: str,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Budget-weighted mean of each cluster's releases; an empty cluster keeps its hypothesis.
+
+    Parameters
+    ----------
+    released : np.ndarray
+        (m, n) float32: one release per row.
+    sigmas : np.ndarray
+        (m,): each release's noise standard deviation (see :func:`budget_weights`).
+    labels : np.ndarray
+        (m,) integers in [0, k): the cluster of each release.
+    hypotheses : np.ndarray
+        (k, n) float32: the current hypotheses (row j is what an empty cluster j keeps).
+    mode : str
+        One of :data:`AGGREGATIONS`.
+    rng : np.random.Generator
+        Passed to :func:`budget_weights` once per non-empty cluster, in increasing cluster
+        order (so ``probability`` draws exactly one ω per non-empty cluster, cluster 0 first).
+
+    Returns
+    -------
+    np.ndarray
+        (k, n) float32, a new matrix (``hypotheses`` is not modified).
+    """
+    k = hypotheses.shape[0]
+    weights = np.zeros((k, released.shape[0]), dtype=np.float32)
+    for j in range(k):
+        members = np.flatnonzero(labels == j)
+        if members.size:
+            weights[j, members] = budget_weights(sigmas[members], mode, rng)
+    # One (k × m)·(m × n) product in float32 (a float64 weight matrix would upcast the
+    # whole m × n matrix).
+    means = weights @ released
+    empty = ~weights.any(axis=1)
+    means[empty] = hypotheses[empty]
+    return means
+
+
+def sign_step(
+    hypotheses: np.ndarray,
+    released: np.ndarray,
+    sigmas: np.ndarray,
+    mode: str,
+    rng: np.random.Generator,
+    learning_rate: float,
+) -> np.ndarray:
+    """One majority-vote step of the stochastic-sign release: θ + η·sign(Σ_i α_i s_i).
+
+    Parameters
+    ----------
+    hypotheses : np.ndarray
+        (1, n) float32: the single model θ (the sign release has k = 1).
+    released : np.ndarray
+        (m, n) float32 of ±1: the released signs s_i.
+    sigmas : np.ndarray
+        (m,): each release's σ, for the weights α_i of :func:`budget_weights`.
+    mode : str
+        One of :data:`AGGREGATIONS`.
+    rng : np.random.Generator
+        Passed to :func:`budget_weights` once.
+    learning_rate : float
+        η > 0, applied in float32.
+
+    Returns
+    -------
+    np.ndarray
+        (1, n) float32, a new matrix: each coordinate moves by ±η, or stays on a tied vote.
+    """
+    # float32 weights: the vote stays a float32 product, like the releases.
+    weights = budget_weights(sigmas, mode, rng).astype(np.float32)
+    vote = weights @ released
+    return hypotheses + np.float32(learning_rate) * np.sign(vote)

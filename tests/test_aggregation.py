@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import AGGREGATIONS, aggregation
-from strategies.aggregation import budget_weights
+from strategies.aggregation import budget_weights, cluster_means, sign_step
 
 SIGMAS = np.array([1.0, 2.0, 4.0])
 
@@ -257,3 +257,82 @@ def test_noisier_release_never_weighs_more(mode: str) -> None:
 
     assert (np.diff(weights) <= 0).all()
     assert weights[1] == weights[2]
+
+
+# ----------------------------------------------------------------- cluster_means, sign_step
+
+
+def test_cluster_means_weight_within_each_cluster_and_keep_empty_ones() -> None:
+    # Prepare: cluster 0 = (7, 0), (14, 7), (21, 14) with σ = (1, 2, 4) → α = (4/7, 2/7, 1/7):
+    # (4 + 4 + 3, 0 + 2 + 2) = (11, 4). Cluster 1 = (-100, -100) σ 1 and (-103, -100) σ 2
+    # → α = (2/3, 1/3): (-101, -100). Cluster 2 is empty and keeps its hypothesis (5, 5).
+    released = np.array([[-100, -100], [7, 0], [14, 7], [-103, -100], [21, 14]], np.float32)
+    sigmas = np.array([1.0, 1.0, 2.0, 2.0, 4.0])
+    labels = np.array([1, 0, 0, 1, 0])
+    hypotheses = np.array([[0, 0], [0, 0], [5, 5]], np.float32)
+
+    # Execute
+    means = cluster_means(released, sigmas, labels, hypotheses, "weighted",
+                          np.random.default_rng(0))
+
+    # Assert
+    np.testing.assert_allclose(means, [[11, 4], [-101, -100], [5, 5]], rtol=1e-6)
+    assert means.dtype == np.float32
+    np.testing.assert_array_equal(hypotheses, [[0, 0], [0, 0], [5, 5]])  # not modified
+
+
+def test_cluster_means_draw_one_omega_per_non_empty_cluster_in_cluster_order() -> None:
+    # Prepare: clusters 0 and 2 non-empty, 1 empty; with ω = 0.5 and equal σ every member
+    # is kept (P = 1/2 each is not > 0.5, so the largest, all tied, are kept): plain means.
+    released = np.array([[2, 0], [4, 0], [0, 6], [0, 8]], np.float32)
+    labels = np.array([2, 2, 0, 0])
+    hypotheses = np.array([[1, 1], [9, 9], [3, 3]], np.float32)
+    omega = FixedOmega(0.5)
+
+    # Execute
+    means = cluster_means(released, np.ones(4), labels, hypotheses, "probability", omega)  # type: ignore[arg-type]
+
+    # Assert
+    np.testing.assert_array_equal(means, [[0, 7], [9, 9], [3, 0]])
+    assert omega.calls == 2
+
+
+def test_cluster_means_without_releases_keep_every_hypothesis() -> None:
+    # Prepare
+    hypotheses = np.array([[1, 2], [3, 4]], np.float32)
+    rng = np.random.default_rng(0)
+    state_before = rng.bit_generator.state
+
+    # Execute
+    means = cluster_means(np.zeros((0, 2), np.float32), np.zeros(0), np.zeros(0, np.intp),
+                          hypotheses, "probability", rng)
+
+    # Assert
+    np.testing.assert_array_equal(means, hypotheses)
+    assert rng.bit_generator.state == state_before
+
+
+def test_sign_step_moves_each_coordinate_by_the_weighted_majority() -> None:
+    # Prepare: σ = (1, 2, 4) → α = (4/7, 2/7, 1/7). Coordinate 0: +4/7 - 2/7 - 1/7 > 0 → +η;
+    # coordinate 1: -4/7 + 2/7 + 1/7 < 0 → -η; coordinate 2: all +1 → +η. η = 0.5.
+    theta = np.array([[1.0, 1.0, -1.0]], np.float32)
+    signs = np.array([[1, -1, 1], [-1, 1, 1], [-1, 1, 1]], np.float32)
+
+    # Execute
+    new = sign_step(theta, signs, SIGMAS, "weighted", np.random.default_rng(0), 0.5)
+
+    # Assert
+    np.testing.assert_array_equal(new, [[1.5, 0.5, -0.5]])
+    assert new.dtype == np.float32
+
+
+def test_sign_step_leaves_a_tied_coordinate_in_place() -> None:
+    # Prepare: two releases of equal weight disagree on coordinate 0 (vote 0 → sign 0).
+    theta = np.array([[2.0, 2.0]], np.float32)
+    signs = np.array([[1, 1], [-1, 1]], np.float32)
+
+    # Execute
+    new = sign_step(theta, signs, np.array([1.0, 1.0]), "mean", np.random.default_rng(0), 0.25)
+
+    # Assert
+    np.testing.assert_array_equal(new, [[2.0, 2.25]])
