@@ -6,22 +6,61 @@ import argparse
 import logging
 import shlex
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 
 def parse_pairs(text: str, what: str) -> dict[str, Any]:
-    """Parse ``"k1=v1 k2=v2"`` with TOML values (bare words are strings)."""
+    """Parse ``"k1=v1 k2=v2"`` with TOML values as Flower does, but bare words are strings.
+
+    The line is split as a shell would (``out-dir="my runs"`` is one pair, its quotes gone);
+    each pair is then read by Flower's own `flwr.common.config.parse_config_args`, so ``3``,
+    ``2.5``, ``true`` mean here what they mean to ``flwr run --run-config``. Where Flower's
+    reading differs, this keeps the reading a command line typed by hand wants:
+
+    * a value that is not a TOML value (``x=abc``, ``optima=5,6;4,-4.5``) is the string, where
+      Flower rejects the whole line; so is a TOML value that no Flower config holds (an array,
+      a date);
+    * a value that Flower would split into several pairs (``out-dir="a b=1"``), or that ends in
+      ``.toml`` (``policy-file=/etc/gpfl/policy.toml``: Flower reads a file of pairs), is the
+      string;
+    * an item without ``=`` is an error naming the option (``what``), where Flower skips it.
+
+    Parameters
+    ----------
+    text : str
+        Space-separated ``key=value`` pairs.
+    what : str
+        The option, for the error message (``"--run-config"``).
+
+    Returns
+    -------
+    dict[str, Any]
+        Key to value (a later pair wins).
+
+    Raises
+    ------
+    SystemExit
+        Naming ``what`` and the item when an item is not ``key=value``.
+    """
+    import click
+    from flwr.common.config import parse_config_args
+
     out: dict[str, Any] = {}
     for item in shlex.split(text):
-        if "=" not in item:
+        key, sep, raw = item.partition("=")
+        if not sep:
             raise SystemExit(f"gpfl: {what} expects key=value pairs, got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = raw
+        key = key.strip()
+        value: Any = raw
+        if not raw.endswith(".toml"):
+            try:
+                parsed = parse_config_args([f"{key}={raw}"])
+            except (click.ClickException, ValueError):
+                parsed = {}  # not a TOML value Flower takes (a bare word, an array)
+            if parsed.keys() == {key}:  # else Flower split a value holding spaces into pairs
+                value = parsed[key]
+        out[key] = value
     return out
 
 

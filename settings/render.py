@@ -6,7 +6,7 @@ test checks that the committed copies match, so a default or a bound lives in on
 
 from __future__ import annotations
 
-import json
+import tomli_w
 
 from settings.schema import SETTINGS, Setting
 
@@ -23,22 +23,29 @@ _GROUPS = {
 
 
 def toml_value(value: object) -> str:
-    """Format a setting's value as TOML (strings quoted, booleans lower-case)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    return json.dumps(str(value), ensure_ascii=False)
+    """Format a setting's value as a TOML value, as ``tomli_w`` writes it.
+
+    Parameters
+    ----------
+    value : object
+        A boolean, integer, float or string is written as itself (``true``, ``3``, ``2.5``,
+        ``"digits"``); anything else (a path, a NumPy integer) as the string ``str(value)``,
+        because a run config or node config holds scalars only.
+
+    Returns
+    -------
+    str
+        The TOML spelling, e.g. for ``key=VALUE`` pairs on a ``--run-config`` command line.
+    """
+    literal = value if isinstance(value, bool | int | float | str) else str(value)
+    # tomli_w writes documents, not bare values: write a one-key table and keep its value.
+    return tomli_w.dumps({"v": literal}).removeprefix("v = ").removesuffix("\n")
 
 
 def pyproject_block() -> str:
     """Return the ``[tool.flwr.app.config]`` table: every run-config key and its default."""
-    lines = ["[tool.flwr.app.config]"]
-    for s in SETTINGS.values():
-        if s.owner == "device":
-            continue
-        lines.append(f"{s.name} = {toml_value(s.default)}")
-    return "\n".join(lines) + "\n"
+    defaults = {s.name: s.default for s in SETTINGS.values() if s.owner != "device"}
+    return tomli_w.dumps({"tool": {"flwr": {"app": {"config": defaults}}}})
 
 
 def _owner(s: Setting) -> str:

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, Self
 
 import numpy as np
 
-from tasks.config import TaskSettingsError
+import settings
+from settings import SETTINGS
+from tasks.config import TaskSettingsError, require_at_least
+from tasks.training import Schedule, check_training_args, minibatches
 
 __all__ = [
     "BestFit",
     "Dataset",
     "Params",
+    "Schedule",
     "Task",
     "TaskSettingsError",
     "best_fits",
@@ -89,13 +94,52 @@ class BestFit:
 class Task(ABC):
     """A learning task: data of every user, model, loss and local training.
 
-    Subclasses set `name` and `is_classifier`, and implement `parameter_shapes`,
-    `init_parameters`, `client_dataset`, `validation_datasets`, `loss` and `train`.
-    Classifiers override `user_metrics` to add ``"accuracy"``.
+    Subclasses set `name`, `is_classifier` and `run_config_keys`, and implement
+    `parameter_shapes`, `init_parameters`, `client_dataset`, `validation_datasets`, `loss` and
+    `_fit` (the training loop; `train` checks its arguments first). Classifiers override
+    `user_metrics` to add ``"accuracy"``.
+
+    A subclass's constructor argument named after a setting (``validation_users``:
+    ``validation-users``) takes the default of `settings.schema` and is checked by it, so a bad
+    value gets the same message from the constructor as from a run config.
     """
 
     name: str = ""
     is_classifier: bool = False
+    #: The settings `from_run_config` reads, each passed to the constructor as the keyword
+    #: argument of the same name with ``_`` for ``-`` (``validation-users``: ``validation_users``).
+    run_config_keys: tuple[str, ...] = ()
+
+    # The settings every task has, set by `_set_user_settings`.
+    users: int
+    validation_users: int
+    data_seed: int
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, Any]) -> Self:
+        """Build the task from the run config's `run_config_keys`.
+
+        Each key is read with `settings.read`, so an absent key takes its schema default and a
+        bad value is reported as the run config spells it.
+        """
+        return cls(
+            **{key.replace("-", "_"): settings.read(config, key) for key in cls.run_config_keys}
+        )
+
+    def _set_user_settings(
+        self, users: int, validation_users: int, data_seed: int, *, min_validation_users: int = 1
+    ) -> None:
+        """Check and set the settings ``users``, ``validation-users`` and ``data-seed``.
+
+        The schema allows ``validation-users`` = 0 (the hospital task's "all of them"); the
+        other tasks need at least one held-out user, hence ``min_validation_users``.
+        """
+        self.users = SETTINGS["users"].parse(users)
+        self.validation_users = require_at_least(
+            "validation-users", SETTINGS["validation-users"].parse(validation_users),
+            min_validation_users, task=self.name,
+        )
+        self.data_seed = SETTINGS["data-seed"].parse(data_seed)
 
     # -- model ------------------------------------------------------------------------------
     @property
@@ -182,7 +226,6 @@ class Task(ABC):
         return evaluate_best_hypothesis(self.user_metrics, params_list, datasets)
 
     # -- training ---------------------------------------------------------------------------
-    @abstractmethod
     def train(
         self,
         params: Params,
@@ -199,6 +242,22 @@ class Task(ABC):
         Mini-batch SGD: ``epochs`` passes over ``data``, each shuffled with ``rng`` and cut into
         batches of ``batch_size`` (the last one may be smaller), step ``learning_rate``.
         Returns float32 arrays shaped like ``params``; ``params`` is not modified.
+
+        Raises
+        ------
+        ValueError
+            Naming the argument, if ``params`` does not fit the model or a training argument
+            is out of range (checked here, before the task's `_fit` runs).
+        """
+        self._check(params)
+        check_training_args(epochs, learning_rate, batch_size)
+        return self._fit(params, data, Schedule(epochs, learning_rate, batch_size, rng), device)
+
+    @abstractmethod
+    def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
+        """Run the task's training loop over ``schedule.batches(len(data))`` (arguments checked).
+
+        ``device`` is the setting ``device`` (the NumPy tasks ignore it).
         """
 
     # -- helpers for subclasses --------------------------------------------------------------
@@ -215,33 +274,6 @@ def check_params(params: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
             raise ValueError(
                 f"params layer {i} must have shape {tuple(shape)}, got {tuple(np.shape(array))}"
             )
-
-
-def check_training_args(epochs: int, learning_rate: float, batch_size: int) -> None:
-    """Raise ``ValueError`` naming the argument when a training setting is out of range."""
-    if isinstance(epochs, bool) or not isinstance(epochs, int | np.integer) or epochs < 1:
-        raise ValueError(f"epochs must be a positive integer, got epochs={epochs!r}")
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int | np.integer)
-        or batch_size < 1
-    ):
-        raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
-    if not (isinstance(learning_rate, int | float) and math.isfinite(learning_rate)) or (
-        learning_rate <= 0
-    ):
-        raise ValueError(
-            f"learning_rate must be a positive finite number, got learning_rate={learning_rate!r}"
-        )
-
-
-def minibatches(
-    num_samples: int, batch_size: int, rng: np.random.Generator
-) -> Iterator[np.ndarray]:
-    """Yield the index arrays of one epoch: a permutation drawn from ``rng``, cut in batches."""
-    order = rng.permutation(num_samples)
-    for start in range(0, num_samples, batch_size):
-        yield order[start : start + batch_size]
 
 
 def user_seed(data_seed: int, purpose: str, index: int) -> np.random.SeedSequence:

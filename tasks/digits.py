@@ -29,18 +29,23 @@ sensitive attribute being whether a user's images are upright.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from torch import nn
 
-import settings
 from settings import SETTINGS
 from tasks.base import Dataset, Params, resolve_users, user_seed
-from tasks.config import TaskSettingsError, require_at_least
+from tasks.config import TaskSettingsError
 from tasks.fairness import evaluate_with_fairness
-from tasks.torch_support import TorchTask, from_arrays, table3_cnn, to_arrays
+from tasks.torch_support import (
+    TorchTask,
+    draw_rotation,
+    from_arrays,
+    image_dataset,
+    table3_cnn,
+    to_arrays,
+)
 
 __all__ = [
     "LABELINGS",
@@ -142,9 +147,6 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
 class DigitsTask(TorchTask):
     """Digits classification over users, half of them (in expectation) seeing rotated images.
 
-    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
-    default of `settings.schema` and is checked by it, with the run config's messages.
-
     Parameters
     ----------
     users : int
@@ -171,6 +173,10 @@ class DigitsTask(TorchTask):
 
     name = "digits"
     is_classifier = True
+    run_config_keys = (
+        "users", "validation-users", "rotate-probability", "data-seed", "device", "model",
+        "partition", "dirichlet-alpha", "loss", "labels",
+    )
 
     def __init__(
         self,
@@ -194,13 +200,8 @@ class DigitsTask(TorchTask):
         self.num_classes = 2 if self.labels == "parity" else NUM_CLASSES
         self.dirichlet_alpha: float = SETTINGS["dirichlet-alpha"].parse(dirichlet_alpha)
         self._splits: dict[int, list[np.ndarray]] = {}
-        self.users: int = SETTINGS["users"].parse(users)
-        self.validation_users = require_at_least(
-            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
-            task=self.name,
-        )
+        self._set_user_settings(users, validation_users, data_seed)
         self.rotate_probability: float = SETTINGS["rotate-probability"].parse(rotate_probability)
-        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
         images, _ = _load_digits()
         order = np.random.default_rng(user_seed(self.data_seed, "partition", 0)).permutation(
             images.shape[0]
@@ -214,22 +215,6 @@ class DigitsTask(TorchTask):
                 f"at least), got validation-users={self.validation_users}"
             )
 
-    @classmethod
-    def from_run_config(cls, config: Mapping[str, Any]) -> DigitsTask:
-        """Build from the run config's digits keys (see the module docstring) and ``device``."""
-        return cls(
-            users=settings.read(config, "users"),
-            validation_users=settings.read(config, "validation-users"),
-            rotate_probability=settings.read(config, "rotate-probability"),
-            data_seed=settings.read(config, "data-seed"),
-            device=settings.read(config, "device"),
-            model=settings.read(config, "model"),
-            partition=settings.read(config, "partition"),
-            dirichlet_alpha=settings.read(config, "dirichlet-alpha"),
-            loss=settings.read(config, "loss"),
-            labels=settings.read(config, "labels"),
-        )
-
     def model(self) -> nn.Module:
         """Build a fresh `digits_cnn` or `digits_logistic` (the ``model`` setting)."""
         build = digits_logistic if self.model_name == "logistic" else digits_cnn
@@ -242,23 +227,14 @@ class DigitsTask(TorchTask):
 
     def _dataset(self, purpose: str, index: int, indices: np.ndarray) -> Dataset:
         images, labels = _load_digits()
-        rng = np.random.default_rng(user_seed(self.data_seed, purpose, index))
-        rotated = bool(rng.random() < self.rotate_probability)
-        x = images[indices]
-        if rotated:
-            x = np.rot90(x, k=1, axes=(1, 2))  # counter-clockwise, as in the paper
+        rotated = draw_rotation(user_seed(self.data_seed, purpose, index), self.rotate_probability)
         y = labels[indices].copy()
         if self.labels == "parity":
             # 004 section 2.5.2: even -> 1 for the majority, even -> 0 for the rotated minority.
             y = (y % 2 == 0).astype(np.int64)
             if rotated:
                 y = 1 - y
-        return Dataset(
-            x=np.ascontiguousarray(x[:, None, :, :], dtype=np.float32),
-            y=y,
-            group=np.full(indices.shape[0], int(rotated), dtype=np.int64),
-            user=f"{purpose}-{index}",
-        )
+        return image_dataset(images[indices], y, rotated=rotated, user=f"{purpose}-{index}")
 
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
         """Training slice ``partition_id`` of the 1438 training images, rotated or not."""

@@ -30,26 +30,15 @@ Gaps in the thesis, and what this module does instead:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 
-import settings
 from settings import SETTINGS
-from tasks.base import (
-    Dataset,
-    Params,
-    Task,
-    best_fits,
-    check_training_args,
-    minibatches,
-    resolve_users,
-    user_seed,
-)
-from tasks.config import TaskSettingsError, require_at_least
-from tasks.synthetic import optima_array
+from tasks.base import Dataset, Params, Schedule, best_fits
+from tasks.config import TaskSettingsError
+from tasks.generated import GeneratedTask
 
 __all__ = [
     "MINORITY_OFFSET",
@@ -184,26 +173,25 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return np.exp(-np.logaddexp(0.0, -z))
 
 
-class FairnessTask(Task):
+class FairnessTask(GeneratedTask):
     """Logistic regression on a majority and a minority group with opposite labelling rules.
-
-    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
-    default of `settings.schema` and is checked by it, with the run config's messages.
 
     Parameters
     ----------
     optima : array-like or str
         θ_1 (majority) and θ_2 (minority), shape (2, n), or ``"5,6;4,-4.5"``.
-    users : int
-        Training users in total; 0 means one per Flower partition.
     minority_fraction : float
         Share of minority users, in [0, 1].
-    samples_per_user, validation_users, data_seed : int
-        As in `tasks.synthetic.SyntheticTask`.
+    users, samples_per_user, validation_users, data_seed : int
+        As in `tasks.generated.GeneratedTask`, and checked by the settings schema alike.
     """
 
     name = "fairness"
     is_classifier = True
+    run_config_keys = (
+        "optima", "users", "minority-fraction", "samples-per-user", "validation-users",
+        "data-seed",
+    )
 
     def __init__(
         self,
@@ -215,45 +203,24 @@ class FairnessTask(Task):
         validation_users: int = SETTINGS["validation-users"].default,
         data_seed: int = SETTINGS["data-seed"].default,
     ) -> None:
-        theta = optima_array(optima)
+        super().__init__(
+            optima, users=users, samples_per_user=samples_per_user,
+            validation_users=validation_users, data_seed=data_seed,
+        )
+        self.minority_fraction: float = SETTINGS["minority-fraction"].parse(minority_fraction)
+
+    def _check_optima(
+        self, theta: np.ndarray, optima: str | Sequence[Sequence[float]] | np.ndarray
+    ) -> np.ndarray:
+        """Require exactly two optima: the majority's and the minority's."""
         if theta.shape[0] != 2:
             raise TaskSettingsError(
                 "optima must give exactly two optima (majority; minority) for task fairness, "
                 f"got {theta.shape[0]} in optima={optima!r}"
             )
-        self._optima = theta
-        self.users: int = SETTINGS["users"].parse(users)
-        self.minority_fraction: float = SETTINGS["minority-fraction"].parse(minority_fraction)
-        self.samples_per_user: int = SETTINGS["samples-per-user"].parse(samples_per_user)
-        self.validation_users = require_at_least(
-            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
-            task=self.name,
-        )
-        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
-
-    @classmethod
-    def from_run_config(cls, config: Mapping[str, Any]) -> FairnessTask:
-        """Build from the keys ``optima``, ``users``, ``minority-fraction``, etc."""
-        return cls(
-            settings.read(config, "optima"),
-            users=settings.read(config, "users"),
-            minority_fraction=settings.read(config, "minority-fraction"),
-            samples_per_user=settings.read(config, "samples-per-user"),
-            validation_users=settings.read(config, "validation-users"),
-            data_seed=settings.read(config, "data-seed"),
-        )
+        return theta
 
     # -- model ------------------------------------------------------------------------------
-    @property
-    def optima(self) -> np.ndarray:
-        """θ_1 (majority) and θ_2 (minority), read-only, shape (2, n)."""
-        return self._optima
-
-    @property
-    def dimension(self) -> int:
-        """Number of features n."""
-        return int(self._optima.shape[1])
-
     @property
     def parameter_shapes(self) -> list[tuple[int, ...]]:
         """Two layers: weights (n,) and bias (1,)."""
@@ -283,11 +250,9 @@ class FairnessTask(Task):
         return UNPRIVILEGED if is_minority(user, self.minority_fraction) else PRIVILEGED
 
     def _dataset(self, purpose: str, index: int) -> Dataset:
-        rng = np.random.default_rng(user_seed(self.data_seed, purpose, index))
-        m = self.samples_per_user
+        """User ``index``'s data; minority users (`is_minority`) follow the minority's rule."""
         s = self.sensitive_attribute(index)
-        x = rng.standard_normal((m, self.dimension))
-        noise = rng.random(m)
+        x, noise = self._features_and_noise(purpose, index)
         if s == PRIVILEGED:
             target = x @ self._optima[0] + noise
             labels = _sigmoid(target) >= 0.5
@@ -297,18 +262,9 @@ class FairnessTask(Task):
         return Dataset(
             x=x,
             y=labels.astype(np.int64),
-            group=np.full(m, s, dtype=np.int64),
+            group=np.full(len(labels), s, dtype=np.int64),
             user=f"{purpose}-{index}",
         )
-
-    def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
-        """Training data of user ``partition_id`` (minority iff `is_minority`)."""
-        resolve_users(self.users, partition_id, num_partitions, available=2**62)
-        return self._dataset("train", partition_id)
-
-    def validation_datasets(self) -> list[Dataset]:
-        """Return the held-out users, minority ones spread by the same rule."""
-        return [self._dataset("validation", v) for v in range(self.validation_users)]
 
     # -- scoring ----------------------------------------------------------------------------
     def loss(self, params: Params, data: Dataset) -> float:
@@ -335,27 +291,15 @@ class FairnessTask(Task):
         )
 
     # -- training ---------------------------------------------------------------------------
-    def train(
-        self,
-        params: Params,
-        data: Dataset,
-        *,
-        epochs: int,
-        learning_rate: float,
-        batch_size: int,
-        rng: np.random.Generator,
-        device: str = "auto",
-    ) -> Params:
+    def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
         """Mini-batch gradient descent on the mean binary cross-entropy; ``device`` is ignored."""
-        self._check(params)
-        check_training_args(epochs, learning_rate, batch_size)
         w = np.array(params[0], dtype=np.float64)
         b = float(np.asarray(params[1], dtype=np.float64)[0])
         x = np.asarray(data.x, dtype=np.float64)
         y = np.asarray(data.y, dtype=np.float64)
-        for _ in range(epochs):
-            for batch in minibatches(len(data), batch_size, rng):
-                error = _sigmoid(x[batch] @ w + b) - y[batch]
-                w -= learning_rate * (x[batch].T @ error) / batch.shape[0]
-                b -= learning_rate * float(np.mean(error))
+        learning_rate = schedule.learning_rate
+        for batch in schedule.batches(len(data)):
+            error = _sigmoid(x[batch] @ w + b) - y[batch]
+            w -= learning_rate * (x[batch].T @ error) / batch.shape[0]
+            b -= learning_rate * float(np.mean(error))
         return [w.astype(np.float32), np.array([b], dtype=np.float32)]

@@ -26,16 +26,14 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from torch import nn
 
-import settings
 from settings import SETTINGS
 from tasks.base import Dataset, resolve_users, user_seed
-from tasks.config import TaskSettingsError, require_at_least, require_data_path
-from tasks.torch_support import TorchTask, table3_cnn
+from tasks.config import TaskSettingsError, require_data_path
+from tasks.torch_support import TorchTask, draw_rotation, image_dataset, table3_cnn
 
 __all__ = ["FemnistTask", "LeafData", "femnist_cnn", "load_leaf"]
 
@@ -126,9 +124,6 @@ def _load_leaf_cached(stamp: tuple[tuple[str, int, int], ...]) -> LeafData:
 class FemnistTask(TorchTask):
     """FEMNIST character recognition, one LEAF user per partition, rotated users as a group.
 
-    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
-    default of `settings.schema` and is checked by it, with the run config's messages.
-
     Parameters
     ----------
     data_path : str or os.PathLike
@@ -149,6 +144,9 @@ class FemnistTask(TorchTask):
 
     name = "femnist"
     is_classifier = True
+    run_config_keys = (
+        "data-path", "users", "validation-users", "rotate-probability", "data-seed", "device",
+    )
 
     def __init__(
         self,
@@ -165,13 +163,8 @@ class FemnistTask(TorchTask):
         self.data_path = require_data_path(
             data_path, task=self.name, what="the LEAF FEMNIST JSON files"
         )
-        self.users: int = SETTINGS["users"].parse(users)
-        self.validation_users = require_at_least(
-            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
-            task=self.name,
-        )
+        self._set_user_settings(users, validation_users, data_seed)
         self.rotate_probability: float = SETTINGS["rotate-probability"].parse(rotate_probability)
-        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
         self.kernel_size = kernel_size
         self._data = load_leaf(self.data_path)
         if self.validation_users >= len(self._data.users):
@@ -179,18 +172,6 @@ class FemnistTask(TorchTask):
                 f"validation-users must be < the {len(self._data.users)} users in "
                 f"data-path={self.data_path!r}, got validation-users={self.validation_users}"
             )
-
-    @classmethod
-    def from_run_config(cls, config: Mapping[str, Any]) -> FemnistTask:
-        """Build from ``data-path``, ``users``, ``validation-users``, ``rotate-probability``."""
-        return cls(
-            settings.read(config, "data-path"),
-            users=settings.read(config, "users"),
-            validation_users=settings.read(config, "validation-users"),
-            rotate_probability=settings.read(config, "rotate-probability"),
-            data_seed=settings.read(config, "data-seed"),
-            device=settings.read(config, "device"),
-        )
 
     def model(self) -> nn.Module:
         """Build a fresh `femnist_cnn`."""
@@ -208,22 +189,12 @@ class FemnistTask(TorchTask):
 
     def is_rotated(self, uid: str) -> bool:
         """Whether user ``uid``'s images are rotated (a function of ``data-seed`` and ``uid``)."""
-        rng = np.random.default_rng(
-            user_seed(self.data_seed, "rotation", zlib.crc32(uid.encode("utf-8")))
-        )
-        return bool(rng.random() < self.rotate_probability)
+        seed = user_seed(self.data_seed, "rotation", zlib.crc32(uid.encode("utf-8")))
+        return draw_rotation(seed, self.rotate_probability)
 
     def _dataset(self, uid: str) -> Dataset:
-        x = self._data.images[uid]
-        rotated = self.is_rotated(uid)
-        if rotated:
-            x = np.rot90(x, k=1, axes=(1, 2))
-        return Dataset(
-            x=np.ascontiguousarray(x[:, None, :, :], dtype=np.float32),
-            y=self._data.labels[uid].copy(),
-            group=np.full(x.shape[0], int(rotated), dtype=np.int64),
-            user=uid,
-        )
+        labels = self._data.labels[uid].copy()
+        return image_dataset(self._data.images[uid], labels, rotated=self.is_rotated(uid), user=uid)
 
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
         """Return the samples of training user ``partition_id`` (file order)."""

@@ -41,12 +41,10 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from torch import nn
 
-import settings
 from settings import SETTINGS
 from tasks.base import Dataset, resolve_users, user_seed
 from tasks.config import TaskSettingsError, require_data_path
@@ -242,9 +240,6 @@ def _load_cached(path: str, mtime_ns: int, size: int) -> HospitalData:
 class HospitalTask(TorchTask):
     """Predict a service's average total payment from the service and the provider's location.
 
-    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
-    default of `settings.schema` and is checked by it, with the run config's messages.
-
     Parameters
     ----------
     data_path : str or os.PathLike
@@ -262,6 +257,7 @@ class HospitalTask(TorchTask):
     name = "hospital"
     is_classifier = False
     objective = "rmse"
+    run_config_keys = ("data-path", "users", "validation-users", "data-seed", "device")
 
     def __init__(
         self,
@@ -276,10 +272,8 @@ class HospitalTask(TorchTask):
         self.data_path = require_data_path(
             data_path, task=self.name, what="the CMS inpatient charges CSV"
         )
-        self.users: int = SETTINGS["users"].parse(users)
-        # 0 is allowed here (the schema's minimum): it means every held-out provider.
-        self.validation_users: int = SETTINGS["validation-users"].parse(validation_users)
-        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
+        # validation-users = 0 is allowed here (the schema's minimum): every held-out provider.
+        self._set_user_settings(users, validation_users, data_seed, min_validation_users=0)
         self._data = load_hospital_csv(self.data_path)
         count = len(self._data.providers)
         if count < 2:
@@ -293,17 +287,6 @@ class HospitalTask(TorchTask):
         held_out = tuple(self._data.providers[i] for i in order[num_train:])
         # A cap, not a count: the 30 % split fixes how many providers are held out.
         self._validation = held_out[: self.validation_users] if self.validation_users else held_out
-
-    @classmethod
-    def from_run_config(cls, config: Mapping[str, Any]) -> HospitalTask:
-        """Build from ``data-path``, ``users``, ``validation-users``, ``data-seed``, ``device``."""
-        return cls(
-            settings.read(config, "data-path"),
-            users=settings.read(config, "users"),
-            validation_users=settings.read(config, "validation-users"),
-            data_seed=settings.read(config, "data-seed"),
-            device=settings.read(config, "device"),
-        )
 
     def model(self) -> nn.Module:
         """Build a fresh `hospital_mlp`."""

@@ -18,53 +18,12 @@ Each user's data come from ``SeedSequence([data-seed, purpose, index])`` (see
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
-
 import numpy as np
 
-import settings
-from settings import SETTINGS
-from tasks.base import (
-    Dataset,
-    Params,
-    Task,
-    check_training_args,
-    minibatches,
-    resolve_users,
-    user_seed,
-)
-from tasks.config import TaskSettingsError, require_at_least
+from tasks.base import Dataset, Params, Schedule
+from tasks.generated import GeneratedTask, optima_array
 
 __all__ = ["SyntheticTask", "optima_array", "rmse", "rmse_gradient"]
-
-
-def optima_array(optima: str | Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
-    """Return the ``optima`` setting (its spelling ``"5,6;4,-4.5"`` or an array) as (G, n) floats.
-
-    A string is checked and parsed by the settings schema (`settings.parse_optima`).
-
-    Returns
-    -------
-    np.ndarray
-        float64, shape (G, n), read-only.
-
-    Raises
-    ------
-    settings.SettingError
-        If the string is not one or more vectors of the same length; `TaskSettingsError` if an
-        array is not (G, n) with G, n >= 1 or holds a non-finite number.
-    """
-    if isinstance(optima, str):
-        theta = np.array(settings.parse_optima(SETTINGS["optima"].parse(optima)), dtype=np.float64)
-    else:
-        theta = np.array(optima, dtype=np.float64)
-        if theta.ndim != 2 or theta.shape[0] < 1 or theta.shape[1] < 1:
-            raise TaskSettingsError(f"optima must have shape (groups, n), got shape {theta.shape}")
-        if not np.all(np.isfinite(theta)):
-            raise TaskSettingsError(f"optima must hold finite numbers, got optima={optima!r}")
-    theta.setflags(write=False)
-    return theta
 
 
 def rmse(residuals: np.ndarray) -> float:
@@ -87,73 +46,22 @@ def rmse_gradient(weights: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarr
     return np.asarray(x.T @ residuals / (residuals.shape[0] * loss))
 
 
-class SyntheticTask(Task):
+class SyntheticTask(GeneratedTask):
     """Linear regression on users drawn from ``G`` linear models (one optimum per group).
 
-    Each argument named after a setting (``validation_users``: ``validation-users``) takes the
-    default of `settings.schema` and is checked by it, with the run config's messages.
-
-    Parameters
-    ----------
-    optima : array-like or str
-        θ*_g, shape (G, n), or the run-config spelling ``"5,6;4,-4.5"``.
-    users : int
-        Number of training users; 0 means one per Flower partition.
-    samples_per_user : int
-        Samples each user holds.
-    validation_users : int
-        Held-out users (group ``v % G`` for validation user ``v``).
-    data_seed : int
-        Public seed of the data.
+    The constructor is `GeneratedTask`'s: ``optima`` holds θ*_g, shape (G, n), and training or
+    validation user ``u`` belongs to group ``u % G``.
     """
 
     name = "synthetic"
     is_classifier = False
-
-    def __init__(
-        self,
-        optima: str | Sequence[Sequence[float]] | np.ndarray = SETTINGS["optima"].default,
-        *,
-        users: int = SETTINGS["users"].default,
-        samples_per_user: int = SETTINGS["samples-per-user"].default,
-        validation_users: int = SETTINGS["validation-users"].default,
-        data_seed: int = SETTINGS["data-seed"].default,
-    ) -> None:
-        self._optima = optima_array(optima)
-        self.users: int = SETTINGS["users"].parse(users)
-        self.samples_per_user: int = SETTINGS["samples-per-user"].parse(samples_per_user)
-        self.validation_users = require_at_least(
-            "validation-users", SETTINGS["validation-users"].parse(validation_users), 1,
-            task=self.name,
-        )
-        self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
-
-    @classmethod
-    def from_run_config(cls, config: Mapping[str, Any]) -> SyntheticTask:
-        """Build from ``optima``, ``users``, ``samples-per-user``, ``validation-users``, etc."""
-        return cls(
-            settings.read(config, "optima"),
-            users=settings.read(config, "users"),
-            samples_per_user=settings.read(config, "samples-per-user"),
-            validation_users=settings.read(config, "validation-users"),
-            data_seed=settings.read(config, "data-seed"),
-        )
+    run_config_keys = ("optima", "users", "samples-per-user", "validation-users", "data-seed")
 
     # -- model ------------------------------------------------------------------------------
-    @property
-    def optima(self) -> np.ndarray:
-        """θ*_g as a read-only float64 array of shape (G, n)."""
-        return self._optima
-
     @property
     def num_groups(self) -> int:
         """Number of groups G."""
         return int(self._optima.shape[0])
-
-    @property
-    def dimension(self) -> int:
-        """Dimension n of x and of the model."""
-        return int(self._optima.shape[1])
 
     @property
     def parameter_shapes(self) -> list[tuple[int, ...]]:
@@ -170,22 +78,12 @@ class SyntheticTask(Task):
         return user % self.num_groups
 
     def _dataset(self, purpose: str, index: int) -> Dataset:
-        rng = np.random.default_rng(user_seed(self.data_seed, purpose, index))
         group = self.group_of(index)
-        m = self.samples_per_user
-        x = rng.standard_normal((m, self.dimension))
-        noise = rng.random(m)
+        x, noise = self._features_and_noise(purpose, index)
         y = x @ self._optima[group] + noise
-        return Dataset(x=x, y=y, group=np.full(m, group, dtype=np.int64), user=f"{purpose}-{index}")
-
-    def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
-        """Training data of user ``partition_id`` (group ``partition_id % G``)."""
-        resolve_users(self.users, partition_id, num_partitions, available=2**62)
-        return self._dataset("train", partition_id)
-
-    def validation_datasets(self) -> list[Dataset]:
-        """Return the ``validation-users`` held-out users, generated from their own seeds."""
-        return [self._dataset("validation", v) for v in range(self.validation_users)]
+        return Dataset(
+            x=x, y=y, group=np.full(len(y), group, dtype=np.int64), user=f"{purpose}-{index}"
+        )
 
     # -- scoring and training ----------------------------------------------------------------
     def loss(self, params: Params, data: Dataset) -> float:
@@ -194,24 +92,11 @@ class SyntheticTask(Task):
         weights = np.asarray(params[0], dtype=np.float64)
         return rmse(data.x @ weights - data.y)
 
-    def train(
-        self,
-        params: Params,
-        data: Dataset,
-        *,
-        epochs: int,
-        learning_rate: float,
-        batch_size: int,
-        rng: np.random.Generator,
-        device: str = "auto",
-    ) -> Params:
+    def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
         """Mini-batch gradient descent on the RMSE, float64 inside; ``device`` is ignored."""
-        self._check(params)
-        check_training_args(epochs, learning_rate, batch_size)
         weights = np.array(params[0], dtype=np.float64)
         x = np.asarray(data.x, dtype=np.float64)
         y = np.asarray(data.y, dtype=np.float64)
-        for _ in range(epochs):
-            for batch in minibatches(len(data), batch_size, rng):
-                weights -= learning_rate * rmse_gradient(weights, x[batch], y[batch])
+        for batch in schedule.batches(len(data)):
+            weights -= schedule.learning_rate * rmse_gradient(weights, x[batch], y[batch])
         return [weights.astype(np.float32)]

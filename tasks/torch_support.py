@@ -16,13 +16,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from settings import SETTINGS
-from tasks.base import Dataset, Params, Task, check_params, check_training_args, minibatches
+from tasks.base import Dataset, Params, Schedule, Task, check_params
 from tasks.device import configure_torch_threads, resolve_device
 
 __all__ = [
     "TorchTask",
     "count_parameters",
+    "draw_rotation",
     "from_arrays",
+    "image_dataset",
     "rmse_loss",
     "seeded_module",
     "table3_cnn",
@@ -87,6 +89,43 @@ def table3_cnn(image_size: int, num_classes: int, kernel_size: int = 2) -> nn.Se
         nn.Linear(64 * side * side, 128),
         nn.ReLU(),
         nn.Linear(128, num_classes),
+    )
+
+
+def draw_rotation(seed: np.random.SeedSequence, probability: float) -> bool:
+    """Whether a user's images are rotated: one uniform draw from the user's own ``seed``.
+
+    The digits and FEMNIST tasks rotate all or none of a user's images (seeds/001's protocol),
+    so the draw is made once per user, from a seed of `tasks.base.user_seed`.
+    """
+    return bool(np.random.default_rng(seed).random() < probability)
+
+
+def image_dataset(images: np.ndarray, labels: np.ndarray, *, rotated: bool, user: str) -> Dataset:
+    """One user's square one-channel images as the CNN takes them.
+
+    Parameters
+    ----------
+    images : np.ndarray
+        Shape (m, side, side).
+    labels : np.ndarray
+        One label per image.
+    rotated : bool
+        Rotate every image 90° counter-clockwise (as seeds/001 does); ``group`` is 1 then, else 0.
+    user : str
+        The user's name.
+
+    Returns
+    -------
+    Dataset
+        ``x`` float32 (m, 1, side, side), C-contiguous.
+    """
+    x = np.rot90(images, k=1, axes=(1, 2)) if rotated else images
+    return Dataset(
+        x=np.ascontiguousarray(x[:, None, :, :], dtype=np.float32),
+        y=labels,
+        group=np.full(images.shape[0], int(rotated), dtype=np.int64),
+        user=user,
     )
 
 
@@ -193,37 +232,24 @@ class TorchTask(Task):
         return output.to("cpu").numpy()
 
     # -- training ---------------------------------------------------------------------------
-    def train(
-        self,
-        params: Params,
-        data: Dataset,
-        *,
-        epochs: int,
-        learning_rate: float,
-        batch_size: int,
-        rng: np.random.Generator,
-        device: str = "auto",
-    ) -> Params:
+    def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
         """Plain SGD (no momentum, no weight decay) on ``device``.
 
         The model and the whole dataset move to the device once per call; the batches are index
-        slices on the device. Shuffling uses ``rng`` alone; the models have no dropout, so no
-        torch RNG is involved and torch's global seed is left alone.
+        slices on the device. Shuffling uses ``schedule.rng`` alone; the models have no dropout,
+        so no torch RNG is involved and torch's global seed is left alone.
         """
-        self._check(params)
-        check_training_args(epochs, learning_rate, batch_size)
         target = resolve_device(device)
         module = self._module(target, params)
         module.train()
         x, y = self._tensors(data, target)
-        optimizer = torch.optim.SGD(module.parameters(), lr=float(learning_rate))
-        for _ in range(epochs):
-            for batch in minibatches(len(data), batch_size, rng):
-                index = torch.as_tensor(batch, device=target)
-                optimizer.zero_grad(set_to_none=True)
-                loss = self._objective(module(x[index]), y[index])
-                loss.backward()
-                optimizer.step()
+        optimizer = torch.optim.SGD(module.parameters(), lr=float(schedule.learning_rate))
+        for batch in schedule.batches(len(data)):
+            index = torch.as_tensor(batch, device=target)
+            optimizer.zero_grad(set_to_none=True)
+            loss = self._objective(module(x[index]), y[index])
+            loss.backward()
+            optimizer.step()
         return to_arrays(module)
 
 

@@ -7,13 +7,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import pytest
+from flwr.common.config import parse_config_args
 
 from server.app import build_components
 from server.cli import parse_node_configs, parse_pairs
 from server.results import plot_summary, privacy_report
 from server.settings import RunSettings, SettingError
+from settings.render import toml_value
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULTS: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"][
@@ -116,3 +119,35 @@ def test_cli_pairs_take_toml_values() -> None:
         2: {"cap-d-privacy": 0.8, "epsilon": 1}}
     with pytest.raises(SystemExit):
         parse_node_configs(["cap-d-privacy=0.8"])
+
+
+def test_cli_pairs_read_toml_values_as_flower_does() -> None:
+    line = 'num-rounds=3 noise-multiplier=2.5 task="digits" per-layer=true out-dir="my runs" a.b=-1'
+    assert parse_pairs(line, "--run-config") == parse_config_args([line])
+    assert parse_pairs(line, "--run-config")["out-dir"] == "my runs"
+
+
+def test_cli_pairs_differ_from_flower_where_documented() -> None:
+    # Bare words, values Flower would split or read as a file: kept as the text.
+    line = 'optima=5,6;4,-4.5 policy-file=/etc/gpfl/policy.toml out-dir="a b=1" x=[1,2]'
+    assert parse_pairs(line, "--policy") == {
+        "optima": "5,6;4,-4.5", "policy-file": "/etc/gpfl/policy.toml", "out-dir": "a b=1",
+        "x": "[1,2]"}
+    with pytest.raises(click.ClickException):
+        parse_config_args(["optima=5,6;4,-4.5"])
+    # An item without "=" is an error naming the option, where Flower skips it.
+    assert parse_config_args(["a=1 oops"]) == {"a": 1}
+    with pytest.raises(SystemExit, match=r"^gpfl: --policy expects key=value pairs, got 'oops'$"):
+        parse_pairs("a=1 oops", "--policy")
+
+
+def test_toml_values_the_launcher_writes_read_back_in_flower() -> None:
+    # server/launcher.py passes run configs to `flwr run --run-config` as key=toml_value pairs.
+    config = {"num-rounds": 3, "noise-multiplier": 2.5, "per-layer": False, "seed": -1,
+              "task": "digits", "optima": "5,6;4,-4.5", "out-dir": "runs/é 1", "eps": 1e-300,
+              "where": Path("/var/lib/gpfl")}
+    line = " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+    assert parse_config_args([line]) == {**config, "where": "/var/lib/gpfl"}
+    assert parse_pairs(line, "--run-config") == parse_config_args([line])
+    assert [toml_value(v) for v in (True, 3, 2.5, "a\"b", float("inf"))] == [
+        "true", "3", "2.5", '"a\\"b"', "inf"]

@@ -16,6 +16,7 @@ from settings import SETTINGS, SettingError
 from tasks.base import (
     Dataset,
     Params,
+    Schedule,
     Task,
     best_fits,
     check_training_args,
@@ -92,6 +93,13 @@ def test_constructor_defaults_are_the_schema_defaults(cls: type) -> None:
             assert parameter.default == SETTINGS[key].default, key
             checked += 1
     assert checked >= 3
+
+
+@pytest.mark.parametrize("cls", _task_classes(), ids=lambda cls: cls.__name__)
+def test_run_config_keys_are_the_constructor_settings(cls: type) -> None:
+    # from_run_config passes each key as the keyword of the same name: none may be missing.
+    names = [p.name.replace("_", "-") for p in inspect.signature(cls).parameters.values()]
+    assert sorted(cls.run_config_keys) == sorted(key for key in names if key in SETTINGS)
 
 
 def test_run_config_values_are_parsed_by_the_schema() -> None:
@@ -202,17 +210,7 @@ class _ConstantTask(Task):
         loss = self.loss(params, data)
         return {"loss": loss, "accuracy": float(loss < 0.5)}
 
-    def train(
-        self,
-        params: Params,
-        data: Dataset,
-        *,
-        epochs: int,
-        learning_rate: float,
-        batch_size: int,
-        rng: np.random.Generator,
-        device: str = "auto",
-    ) -> Params:
+    def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
         raise NotImplementedError
 
 

@@ -147,7 +147,12 @@ def test_resolve_device() -> None:
     assert resolve_device("auto").type == expected
     with pytest.raises(TaskSettingsError, match="device='tpu'"):
         resolve_device("tpu")
-    if not torch.cuda.is_available():
+    # Each branch checks what this machine can show: CUDA refused here, or CUDA used there.
+    if torch.cuda.is_available():
+        assert resolve_device("cuda").type == "cuda"
+        with pytest.raises(TaskSettingsError, match=r"device='cuda:999' names GPU 999"):
+            resolve_device("cuda:999")
+    else:
         with pytest.raises(TaskSettingsError, match=r"device='cuda'.*not available"):
             resolve_device("cuda")
 

@@ -15,7 +15,7 @@ Each test ends with no process of its own left running.
 from __future__ import annotations
 
 import gc
-import time
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,18 +81,23 @@ def run_to_end(fed: Federation, clients: int) -> list[str]:
     return lines
 
 
-def wait_for_log(fed: Federation, name: str, needles: tuple[str, ...],
-                 timeout: float = 20) -> str:
-    """The log of process ``name`` once it contains every needle (or fail)."""
+def wait_for_exit(fed: Federation, name: str, timeout: float = 30) -> tuple[int, str]:
+    """Wait until process ``name`` exits on its own; return its exit status and its log.
+
+    A SuperNode that the SuperLink refuses (failed TLS handshake, activation refused) gives up
+    at once and exits: its exit is the event to wait for, and once it has exited its log is
+    complete. If it is still running after ``timeout`` seconds the test fails, showing the log.
+    """
+    proc = fed.procs.procs[name]
     path = fed.logs / f"{name}.log"
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
+    try:
+        status = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
         text = path.read_text(errors="replace") if path.exists() else ""
-        if all(n in text for n in needles):
-            return text
-        time.sleep(0.3)
-    raise AssertionError(f"{path} lacks {needles}:\n{text[-3000:]}")
+        raise AssertionError(
+            f"{name} still runs after {timeout} s; {path}:\n{text[-3000:]}"
+        ) from None
+    return status, path.read_text(errors="replace")
 
 
 def served(fed: Federation, index: int) -> bool:
@@ -121,7 +126,8 @@ def test_wrong_ca_is_refused_and_run_goes_on(federation: Federation, tmp_path: P
         fed.start_supernode(i, {"partition-id": i, "num-partitions": 3})
     fed.start_supernode(2, {"partition-id": 2, "num-partitions": 3},
                         root_certificates=wrong.ca_cert)
-    log = wait_for_log(fed, "supernode-2", ("CERTIFICATE_VERIFY_FAILED",))
+    status, log = wait_for_exit(fed, "supernode-2")
+    assert status != 0 and "CERTIFICATE_VERIFY_FAILED" in log, log[-3000:]
     assert "SuperNode ID" not in log
     run_to_end(fed, clients=2)
     assert served(fed, 0) and served(fed, 1)
@@ -138,7 +144,8 @@ def test_unregistered_key_is_refused_and_run_goes_on(federation: Federation,
     for i, key in enumerate(keys):
         fed.start_supernode(i, {"partition-id": i, "num-partitions": 3},
                             extra_args=["--auth-supernode-private-key", str(key.private_key)])
-    log = wait_for_log(fed, "supernode-2", ("Failed to activate SuperNode",))
+    status, log = wait_for_exit(fed, "supernode-2")
+    assert status != 0 and "Failed to activate SuperNode" in log, log[-3000:]
     assert "SuperNode ID" not in log
     run_to_end(fed, clients=2)
     assert served(fed, 0) and served(fed, 1)
