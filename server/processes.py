@@ -187,6 +187,18 @@ def _tree(pids: Sequence[int]) -> list[psutil.Process]:
     return list(seen.values())
 
 
+def _signal_and_wait(
+    procs: Sequence[psutil.Process], signum: int, timeout: float
+) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """Send ``signum`` to each process (gone ones skipped); wait; return (gone, alive)."""
+    for p in procs:
+        try:
+            p.send_signal(signum)
+        except psutil.NoSuchProcess:
+            pass
+    return psutil.wait_procs(procs, timeout=timeout)
+
+
 def terminate_tree(pids: Sequence[int], timeout: float = 5.0) -> list[int]:
     """SIGTERM the processes and all their descendants, then SIGKILL stragglers.
 
@@ -197,27 +209,11 @@ def terminate_tree(pids: Sequence[int], timeout: float = 5.0) -> list[int]:
     procs = _tree(pids)
     if not procs:
         return []
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    _, alive = _signal_and_wait(procs, signal.SIGTERM, timeout)
     # Descendants that appeared while terminating (a SuperNode restarting a
     # ClientApp) are caught by a second sweep below.
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=timeout)
-    late = _tree(pids)
-    for p in late:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(late, timeout=timeout)
+    _, alive = _signal_and_wait(alive, signal.SIGKILL, timeout)
+    _, still = _signal_and_wait(_tree(pids), signal.SIGKILL, timeout)
     left = [p.pid for p in [*alive, *still] if p.is_running()]
     if left:
         logger.error("processes still running after SIGKILL: %s", left)
