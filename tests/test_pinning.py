@@ -90,9 +90,9 @@ def test_flower_flags_are_passed_through_in_process_isolation() -> None:
         "--", "--max-retries", "3"))
     assert Path(argv[0]).name == "flower-supernode"
     assert argv[1:3] == ["--isolation", "process"]
-    for pair in (["--superlink", "link:9092"], ["--port", "9200"], ["--root-certificates", "ca.crt"],
-                 ["--auth-supernode-private-key", "k"], ["--node-config", "partition-id=0"],
-                 ["--max-retries", "3"]):
+    for pair in (["--superlink", "link:9092"], ["--port", "9200"],
+                 ["--root-certificates", "ca.crt"], ["--auth-supernode-private-key", "k"],
+                 ["--node-config", "partition-id=0"], ["--max-retries", "3"]):
         i = argv.index(pair[0])
         assert argv[i:i + 2] == pair
     assert "--insecure" not in argv
