@@ -142,7 +142,9 @@ def supernode_argv(args: argparse.Namespace) -> list[str]:
 def executor_argv(port: int, poll_interval: float, parent_pid: int) -> list[str]:
     """Return the warm executor's command line (this interpreter, this installation)."""
     # The Runtime API is served on 127.0.0.1 (Flower's default host): only this machine reaches it.
-    return [sys.executable, "-m", "client.executor", "--runtime-api-address",
+    # -P: the working directory is not put on sys.path, so a `client/` folder wherever the
+    # runner was started cannot stand in for the installed one.
+    return [sys.executable, "-P", "-m", "client.executor", "--runtime-api-address",
             f"127.0.0.1:{port}", "--poll-interval", str(poll_interval),
             "--parent-pid", str(parent_pid)]
 

@@ -97,7 +97,7 @@ def test_flower_flags_are_passed_through_in_process_isolation() -> None:
         assert argv[i:i + 2] == pair
     assert "--insecure" not in argv
     ex = supernode.executor_argv(9200, 0.2, 77)
-    assert ex[:3] == [sys.executable, "-m", "client.executor"]
+    assert ex[:4] == [sys.executable, "-P", "-m", "client.executor"]
     assert "127.0.0.1:9200" in ex and ex[-2:] == ["--parent-pid", "77"]
 
 
