@@ -111,8 +111,16 @@ def test_a_run_over_the_device_runner(federation: Federation) -> None:
         assert after[name][1] - before[name][1] == pytest.approx(2 * N_OVER_NU)
     logs = device_logs(federation)
     assert "warm executor" in logs and "served by the gpfl client installed" in logs
-    # One warm executor per SuperNode served every message (no process per message).
+    # One warm executor per SuperNode served every message (no process per message), and the
+    # SuperNode started no executor of its own (no flower-superexec, no flwr-clientapp).
     assert logs.count("warm executor") == 2
+    for i in range(2):
+        tree = psutil.Process(federation.procs.procs[f"supernode-{i}"].pid).children(
+            recursive=True)
+        commands = sorted(" ".join(p.cmdline()) for p in tree)
+        assert len(commands) == 2, commands
+        assert any("client.executor" in c for c in commands)
+        assert any("flower-supernode" in c and "--isolation process" in c for c in commands)
 
 
 TAMPER = '''
