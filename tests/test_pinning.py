@@ -134,3 +134,22 @@ def test_the_runner_restarts_a_crashed_executor_and_exits_with_its_supernode(
     assert code == 7 and len(restarts) >= 2, lines
     assert "in 1 s" in restarts[0] and "in 2 s" in restarts[1]
     assert "exited with code 7" in lines[-1]
+
+
+def test_gpfl_supernode_refuses_a_bad_node_config_before_starting_anything(
+    no_leftover_processes: None
+) -> None:
+    import subprocess
+    import time
+
+    from server.processes import bin_dir
+
+    started = time.monotonic()
+    done = subprocess.run([str(bin_dir() / "gpfl"), "supernode", "--insecure", "--node-config",
+                           'partition-id=0 mechanisms="laplace,bogus"'],
+                          capture_output=True, text=True, timeout=60, check=False)
+    seconds = time.monotonic() - started
+    assert done.returncode == 2
+    assert "mechanisms='laplace,bogus'" in done.stderr and "nothing started" in done.stderr
+    # ~0.15 s on an idle machine (flwr is not even imported); generous for a loaded one.
+    assert seconds < 5, seconds
