@@ -115,13 +115,15 @@ def decide(run_fab_id: str, run_fab_version: str, fab_hash: str,
            node_config: dict[str, Any], pin: AppPin) -> Verdict:
     """Apply the pin, narrowed by the device policy's ``trusted-fab-hashes``.
 
-    A policy that cannot be read refuses the run (the device owner must fix it); its message
-    names the key and value, and holds no private data.
+    A policy that cannot be read refuses the run (the device owner must fix it): the device's
+    log names the key and value, the server learns only that the policy is unusable.
     """
     try:
         policy = DevicePolicy.load(node_config)
     except PolicyError as err:
-        return Verdict(False, f"the device policy is invalid: {err}")
+        logger.error("the device policy is invalid: %s", err)
+        return Verdict(False, f"app {run_fab_id} {run_fab_version}: this device's policy is "
+                              "invalid (details in the device's log)")
     hashes = parse_fab_hashes(policy["trusted-fab-hashes"])
     return check_run(run_fab_id, run_fab_version, fab_hash, pin.with_hashes(hashes))
 
