@@ -261,3 +261,18 @@ def test_children_of_a_killed_runner_stop_too(tmp_path: Path) -> None:
         for pid in kids:  # never leave one behind, whatever happened
             if psutil.pid_exists(pid):
                 psutil.Process(pid).kill()
+
+
+def test_the_runner_exits_with_its_supernode(tmp_path: Path,
+                                             no_leftover_processes: None) -> None:
+    # A SuperNode that gives up (no SuperLink, one connection attempt) ends the runner, which
+    # stops its executor and passes the SuperNode's exit code on.
+    done = subprocess.run(
+        [str(bin_dir() / "gpfl"), "supernode", "--insecure", "--superlink",
+         f"127.0.0.1:{free_port()}", "--port", str(free_port()), "--node-config",
+         f'partition-id=0 ledger-dir="{tmp_path}"', "--", "--max-retries", "1"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False)
+    assert done.returncode != 0
+    assert f"the SuperNode exited with code {done.returncode}; stopping the executor" in (
+        done.stderr + done.stdout)
+    assert "warm executor" in done.stderr + done.stdout
