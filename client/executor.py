@@ -11,7 +11,9 @@ the FAB the server sent and imports *its* ClientApp. This executor, started by `
   but never written to disk, installed or imported. Runs of another app are refused
   (:mod:`client.pinning`) with an error reply, before the device's data or ledger are touched.
 * **Warm.** The process starts once per SuperNode: flwr, NumPy, gpfl and (on the first task
-  that needs them) torch, the task's data and its caches are loaded once, not per message.
+  that needs them) torch, the task's data and its caches are loaded once, not per message. The
+  device policy is re-read for every task (a small file): an owner's edit applies to the next
+  message without a restart, and the ledger is opened per release as before.
 
 The protocol is Flower's: :func:`flwr.supernode.runtime.run_clientapp.pull_task_input`,
 :func:`~flwr.supernode.runtime.run_clientapp.push_message` and
