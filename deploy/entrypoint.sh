@@ -2,8 +2,10 @@
 # Entry point of the gpfl image: one image, every Flower role.
 #
 #   superlink [args]  flower-superlink with the security flags below
-#   supernode [args]  flower-supernode with the security flags below
-#   superexec [args]  flower-superexec
+#   supernode [args]  gpfl supernode (a device: Flower's SuperNode served by the gpfl client
+#                     installed in this image; runs of other apps refused, the FAB never run),
+#                     with the security flags below
+#   superexec [args]  flower-superexec (Flower's own executor; not used by gpfl's devices)
 #   submit [args]     flwr run /app <connection> --stream [args]  (the gpfl app, one-shot)
 #   register KEY...   flwr supernode register KEY <connection>, for each public key
 #   anything else     executed as given
@@ -81,7 +83,7 @@ case "$role" in
                 shift
             fi
         done
-        exec flower-supernode "${args[@]}" "${rest[@]}"
+        exec gpfl supernode "${args[@]}" "${rest[@]}"
         ;;
     superexec)
         exec flower-superexec "$@"
@@ -98,7 +100,7 @@ case "$role" in
         done
         ;;
     -h|--help|help)
-        sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
         ;;
     *)
         exec "$role" "$@"

@@ -177,6 +177,12 @@ def _certs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _supernode(args: argparse.Namespace) -> int:
+    from server.supernode import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of ``gpfl``."""
     parser = argparse.ArgumentParser(prog="gpfl", description=__doc__)
@@ -220,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="leave localhost, 127.0.0.1 and ::1 out of the certificate")
     p.add_argument("--force", action="store_true", help="overwrite an existing CA")
     p.set_defaults(func=_certs)
+
+    p = sub.add_parser(
+        "supernode", help="run this device's SuperNode with the gpfl client installed here",
+        description="Flower's SuperNode (process isolation) served by gpfl's warm executor: "
+                    "every task runs the gpfl client installed on this device, runs of other "
+                    "apps are refused, and the app code the server sends is never imported.")
+    from server.supernode import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_supernode)
 
     p = sub.add_parser("ledger", help="print a client's privacy ledger")
     p.add_argument("path", help="the ledger file (e.g. runs/<run>/ledgers/client-0.json)")

@@ -105,6 +105,11 @@ class Federation:
     flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
     #: Environment added to every process (e.g. ``GPFL_POLICY`` for virtual nodes).
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: SuperNodes run as devices do: ``gpfl supernode`` (the device's own gpfl client in one
+    #: warm executor; runs of other apps refused). ``False``: Flower's plain ``flower-supernode``,
+    #: which installs and runs the FAB of any run in a new process per message (the bench's
+    #: FedAvg baseline needs it).
+    device_runner: bool = True
 
     def __enter__(self) -> Federation:
         return self
@@ -179,8 +184,10 @@ class Federation:
         else:
             ca = root_certificates or (self.tls.ca_cert if self.tls else None)
             security = ["--root-certificates", str(ca)]
+        command = ([str(bin_dir() / "gpfl"), "supernode"] if self.device_runner
+                   else [str(bin_dir() / "flower-supernode")])
         argv = [
-            str(bin_dir() / "flower-supernode"), *security,
+            *command, *security,
             "--superlink", f"127.0.0.1:{self.fleet_port}",
             "--port", str(port),
             "--node-config", node_config_arg(node_config),

@@ -227,6 +227,14 @@ def _check_name(text: str) -> None:
         raise ValueError("must be letters, digits, '_', '-' or '.' (not starting with '.')")
 
 
+_FAB_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_fab_hashes(text: str) -> None:
+    if any(not _FAB_HASH.fullmatch(h) for h in text.split(",") if text):
+        raise ValueError("must be comma-separated SHA-256 hashes (64 lower-case hex digits)")
+
+
 def _check_positive_list(text: str) -> None:
     if not text:
         return
@@ -424,6 +432,13 @@ _DECLARATIONS: tuple[Setting, ...] = (
     # network weights O(1)), so 1e6 is far beyond any model they learn, and far below where
     # float32 training overflows (squares of 1e19): a hypothesis of 1e30 would otherwise be
     # trained, charged and then fail or release garbage.
+    # The device runner (`gpfl supernode`) serves only runs of the gpfl app installed on the
+    # device (its app id and version); this narrows that to FAB releases the owner has reviewed.
+    # The FAB is never executed on the device either way (docs/TRUST.md).
+    Setting("trusted-fab-hashes", str, "",
+            "gpfl supernode: the FAB hashes (sha256, comma-separated) of runs this device "
+            "serves, on top of the installed app id and version (\"\" = any FAB of them)",
+            owner="device", group="device", check=_check_fab_hashes),
     Setting("max-parameter", float, 1e6,
             "the largest |value| in a hypothesis this device accepts; a larger one is refused "
             "before anything is computed or charged", owner="device", group="device",

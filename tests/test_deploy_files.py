@@ -124,7 +124,7 @@ def stub_path(tmp_path: Path) -> Path:
     """A PATH whose Flower commands print their arguments, one per line."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for cmd in ("flower-superlink", "flower-supernode", "flower-superexec", "flwr"):
+    for cmd in ("flower-superlink", "flower-supernode", "flower-superexec", "flwr", "gpfl"):
         stub = bin_dir / cmd
         stub.write_text(f'#!/bin/sh\necho {cmd}; for a in "$@"; do echo "$a"; done\n')
         stub.chmod(0o755)
@@ -156,7 +156,8 @@ def test_entrypoint_security_from_environment(stub_path: Path, tmp_path: Path) -
     argv = entrypoint(stub_path, "supernode", "--superlink=superlink:9092", "--node-config",
                       "partition-id=1 num-partitions=3", GPFL_TLS_DIR=str(certs),
                       GPFL_AUTH_KEY=str(key), GPFL_NODE_CONFIG_EXTRA='device="cuda"')
-    assert argv == ["flower-supernode", "--root-certificates", f"{certs}/ca.crt",
+    # A device runs the gpfl client installed in the image (gpfl supernode), never the FAB.
+    assert argv == ["gpfl", "supernode", "--root-certificates", f"{certs}/ca.crt",
                     "--auth-supernode-private-key", str(key), "--superlink=superlink:9092",
                     "--node-config", 'partition-id=1 num-partitions=3 device="cuda"']
 

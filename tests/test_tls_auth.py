@@ -47,7 +47,10 @@ def federation(tmp_path: Path) -> Iterator[Federation]:
     """A Federation that must leave no descendant process behind after ``close()``."""
     before = _descendants()
     tls = make_local_tls(tmp_path / "certs")
-    fed = Federation(workdir=tmp_path, tls=tls)
+    # Flower's FedAvg app is the yardstick here: these SuperNodes run it the way Flower does
+    # (a device runner refuses another app). `launch(auth=True)` below covers the runner with
+    # TLS and authentication.
+    fed = Federation(workdir=tmp_path, tls=tls, device_runner=False)
     try:
         yield fed
     finally:

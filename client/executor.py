@@ -1,0 +1,258 @@
+"""The device's warm executor: one process serves every task of a SuperNode with gpfl's client.
+
+Flower's SuperNode in ``--isolation process`` runs no app code itself: it queues a task per
+message and an outside executor serves it over the SuperNode's local Runtime API. Flower's own
+executor (``flower-superexec``) starts one ``flwr-clientapp`` process per task, which installs
+the FAB the server sent and imports *its* ClientApp. This executor, started by ``gpfl supernode``
+(:mod:`server.supernode`), differs in two ways:
+
+* **The device's code.** Every task is handled by :data:`client.app.app`, imported from the gpfl
+  installed on this device. The FAB is pulled (Flower's Runtime API hands it out with the task)
+  but never written to disk, installed or imported. Runs of another app are refused
+  (:mod:`client.pinning`) with an error reply, before the device's data or ledger are touched.
+* **Warm.** The process starts once per SuperNode: flwr, NumPy, gpfl and (on the first task
+  that needs them) torch, the task's data and its caches are loaded once, not per message. The
+  device policy is re-read for every task (a small file): an owner's edit applies to the next
+  message without a restart, and the ledger is opened per release as before.
+
+The protocol is Flower's: :func:`flwr.supernode.runtime.run_clientapp.pull_task_input`,
+:func:`~flwr.supernode.runtime.run_clientapp.push_message` and
+:func:`~flwr.supernode.runtime.run_clientapp.push_task_output` per task, exactly as
+``flwr-clientapp`` calls them, and ``AcquireTask`` polling as ``flower-superexec`` does.
+
+Run as ``python -m client.executor --runtime-api-address 127.0.0.1:PORT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import httpx
+from flwr.app import Context, Message
+from flwr.app.error import Error
+from flwr.common.constant import ErrorCode, SubStatus
+from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=E0611
+from flwr.supercore.app_utils import start_parent_process_monitor
+from flwr.supercore.constant import TaskType
+from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
+from flwr.supercore.interceptors import (
+    RuntimeTokenHttpInterceptor,
+    RuntimeVersionHttpInterceptor,
+)
+from flwr.supercore.retry import make_simple_http_retry_invoker
+from flwr.supercore.runtime import RuntimeHttpClient
+from flwr.supercore.tls import validate_and_resolve_root_certificates
+from flwr.supernode.runtime.run_clientapp import (
+    pull_task_input,
+    push_message,
+    push_task_output,
+)
+
+from client.pinning import AppPin, Verdict, check_run, installed_app, parse_fab_hashes
+from client.policy import DevicePolicy, PolicyError
+
+__all__ = ["RuntimeConnection", "TaskOutcome", "main", "serve", "serve_task"]
+
+logger = logging.getLogger("gpfl.executor")
+
+#: Seconds between ``AcquireTask`` polls when idle. The SuperNode itself waits 3 s between polls
+#: of the SuperLink, so 0.2 s adds little to a round and costs a few local requests a second.
+DEFAULT_POLL_INTERVAL = 0.2
+
+
+@dataclass(frozen=True)
+class RuntimeConnection:
+    """How to reach the SuperNode's Runtime API."""
+
+    address: str
+    insecure: bool = True
+    root_certificates: bytes | None = None
+
+    def client(self, component: str, token: str | None = None) -> RuntimeHttpClient:
+        """Return a Runtime API client (with the task's token, if given)."""
+        interceptors: list[Any] = [RuntimeVersionHttpInterceptor(component_name=component)]
+        if token is not None:
+            interceptors.append(RuntimeTokenHttpInterceptor(token))
+        return RuntimeHttpClient.from_server_address(
+            server_address=self.address,
+            insecure=self.insecure,
+            root_certificates=self.root_certificates,
+            interceptors=interceptors,
+            retry_invoker=make_simple_http_retry_invoker(),
+        )
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    """What happened to one task (for logs and tests)."""
+
+    run_id: int
+    fab_id: str
+    fab_version: str
+    verdict: Verdict
+    status: str
+
+
+ClientAppFn = Callable[..., Message]
+
+
+def _installed_client_app() -> ClientAppFn:
+    # The device's own ClientApp: imported once, from this installation, never from a FAB.
+    from client.app import app
+
+    return app
+
+
+def decide(run_fab_id: str, run_fab_version: str, fab_hash: str,
+           node_config: dict[str, Any], pin: AppPin) -> Verdict:
+    """Apply the pin, narrowed by the device policy's ``trusted-fab-hashes``.
+
+    A policy that cannot be read refuses the run (the device owner must fix it): the device's
+    log names the key and value, the server learns only that the policy is unusable.
+    """
+    try:
+        policy = DevicePolicy.load(node_config)
+    except PolicyError as err:
+        logger.error("the device policy is invalid: %s", err)
+        return Verdict(False, f"app {run_fab_id} {run_fab_version}: this device's policy is "
+                              "invalid (details in the device's log)")
+    hashes = parse_fab_hashes(policy["trusted-fab-hashes"])
+    return check_run(run_fab_id, run_fab_version, fab_hash, pin.with_hashes(hashes))
+
+
+def serve_task(conn: RuntimeConnection, token: str, pin: AppPin,
+               client_app: ClientAppFn) -> TaskOutcome | None:
+    """Serve one acquired task, as ``flwr-clientapp`` would but with the installed client.
+
+    The reply is always pushed: the app's reply, or an error reply for a refused run or a
+    failure (so the server sees a failure, never a hang), then the task's final status.
+    """
+    client = conn.client("flwr-clientapp", token)
+    heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
+    heartbeat.start()
+    message: Message | None = None
+    context: Context | None = None
+    reply: Message | None = None
+    status, details = SubStatus.FAILED, "gpfl executor: task failed"
+    outcome = None
+    try:
+        message, context, run, fab = pull_task_input(client)
+        # The FAB's bytes are in `fab.content`: they are dropped unread. Only the claims about
+        # them (app id, version, hash) are looked at.
+        verdict = decide(run.fab_id, run.fab_version, fab.hash_str,
+                         dict(context.node_config), pin)
+        if verdict.serve:
+            logger.info("run %d: %s", run.run_id, verdict.reason)
+            reply = client_app(message=message, context=context)
+            status, details = SubStatus.COMPLETED, ""
+        else:
+            logger.warning("gpfl executor refuses run %d: %s", run.run_id, verdict.reason)
+            details = f"gpfl device runner refused the run: {verdict.reason}"
+            reply = Message(Error(code=ErrorCode.LOAD_CLIENT_APP_EXCEPTION, reason=details),
+                            reply_to=message)
+        outcome = TaskOutcome(run.run_id, run.fab_id, run.fab_version, verdict, status)
+    except Exception as ex:  # pylint: disable=broad-exception-caught
+        # As flwr-clientapp: the app's exception becomes an error reply. gpfl's client already
+        # replaces any failure that touched private data by a fixed text (RELEASE_FAILED).
+        logger.error("task failed", exc_info=ex)
+        details = f"{type(ex)}:<'{ex}'>"
+        if message is not None:
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=details),
+                            reply_to=message)
+    finally:
+        try:
+            if reply is not None and context is not None:
+                push_message(client, reply, context)
+        except Exception as ex:  # pylint: disable=broad-exception-caught
+            logger.error("failed to push the reply", exc_info=ex)
+        push_task_output(client, context, status, details)
+        if heartbeat.is_running:
+            heartbeat.stop()
+        client.close()
+    return outcome
+
+
+def serve(conn: RuntimeConnection, pin: AppPin, *, poll_interval: float = DEFAULT_POLL_INTERVAL,
+          stop: threading.Event | None = None, client_app: ClientAppFn | None = None) -> None:
+    """Acquire and serve ClientApp tasks one at a time until ``stop`` is set (or forever)."""
+    stop = stop or threading.Event()
+    app = client_app or _installed_client_app()
+    poller = conn.client("SuperExec")
+    unreachable_since: float | None = None
+    try:
+        while not stop.is_set():
+            try:
+                res = poller.AcquireTask(AcquireTaskRequest(
+                    supported_task_types=[TaskType.CLIENT_APP.value], agentapp_fab_hashes=[]))
+            except httpx.HTTPError as err:
+                # The SuperNode starts beside us and may not listen yet; the runner ends this
+                # process when its SuperNode exits, so waiting is all there is to do.
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    logger.info("Runtime API at %s not reachable yet (%s)", conn.address, err)
+                stop.wait(poll_interval)
+                continue
+            if unreachable_since is not None:
+                logger.info("Runtime API at %s reachable", conn.address)
+                unreachable_since = None
+            if res.HasField("task") and res.token:
+                serve_task(conn, res.token, pin, app)
+                continue  # another message may be queued: ask again at once
+            stop.wait(poll_interval)
+    finally:
+        poller.close()
+
+
+def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m client.executor``."""
+    parser = argparse.ArgumentParser(prog="python -m client.executor",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--runtime-api-address", required=True,
+                        help="the SuperNode's Runtime API (HOST:PORT)")
+    parser.add_argument("--root-certificates", default=None,
+                        help="CA of the Runtime API's TLS certificate (default: plain HTTP)")
+    parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL,
+                        help="seconds between polls for a task when idle")
+    parser.add_argument("--parent-pid", type=int, default=None,
+                        help="exit when this process (the runner) is gone")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # One line per Runtime API request (5 polls a second) would drown the device's log.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    if args.parent_pid is not None:
+        start_parent_process_monitor(args.parent_pid)
+    insecure = args.root_certificates is None
+    conn = RuntimeConnection(
+        args.runtime_api_address, insecure,
+        validate_and_resolve_root_certificates(args.root_certificates, insecure))
+    pin = installed_app()
+    started = time.monotonic()
+    app = _installed_client_app()
+    logger.info("warm executor %d ready in %.1f s: serves %s %s from %s", os.getpid(),
+                time.monotonic() - started, pin.fab_id, pin.version,
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        serve(conn, pin, poll_interval=args.poll_interval, client_app=app)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""``gpfl supernode``: what a device owner runs — Flower's SuperNode with gpfl's own executor.
+
+It checks the device's node config (and the policy file it names) before anything connects,
+then starts two processes and watches them:
+
+* ``flower-supernode --isolation process --port P ...``: Flower's SuperNode, talking gRPC to the
+  SuperLink, with the flags a Flower user knows passed through. In process isolation it runs no
+  app code and starts no ``flower-superexec``: its tasks wait on its local Runtime API (HTTP on
+  ``127.0.0.1:P``).
+* ``python -m client.executor``: gpfl's warm executor (:mod:`client.executor`), one per SuperNode,
+  serving every task with the gpfl client installed here and refusing runs of other apps. The FAB
+  the server sends is never imported.
+
+A crashed executor is restarted (with a growing pause). When the SuperNode exits, the runner stops
+the executor and exits with the SuperNode's code. On SIGTERM, SIGINT or SIGHUP (and on any exit)
+it stops both, each by its process group; each child is also told by the kernel to stop if the
+runner dies without cleaning up (``PR_SET_PDEATHSIG``). Nothing is stopped by name.
+
+The executor lives in ``client/`` (it is the client, and the client imports nothing of
+``server``); this module is only the process wrapper, next to the launcher that uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from server.processes import bin_dir, child_env, terminate_tree
+
+__all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "supernode_argv"]
+
+#: The port of the SuperNode's Runtime API when none is given (Flower's default).
+DEFAULT_PORT = 9094
+_PR_SET_PDEATHSIG = 1
+# Flower's own `--node-config` grammar (flwr.common.config.parse_config_args), kept here so that
+# a bad node config fails before flwr (~0.7 s to import) is even loaded.
+_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+class NodeConfigError(ValueError):
+    """The device's node config or policy is invalid; nothing was started."""
+
+
+def parse_node_config(text: str) -> dict[str, Any]:
+    """Parse ``--node-config`` exactly as ``flower-supernode`` does (TOML values).
+
+    Raises
+    ------
+    NodeConfigError
+        A value that is not TOML (e.g. an unquoted word), naming the pair.
+    """
+    if text.strip().endswith(".toml"):
+        try:
+            with Path(text.strip()).expanduser().open("rb") as fh:
+                return dict(tomllib.load(fh))
+        except (OSError, tomllib.TOMLDecodeError) as err:
+            raise NodeConfigError(f"--node-config {text}: {err}") from None
+    out: dict[str, Any] = {}
+    for key, raw in _PAIR.findall(text):
+        try:
+            out.update(tomllib.loads(f"{key} = {raw}"))
+        except tomllib.TOMLDecodeError:
+            raise NodeConfigError(
+                f"--node-config: {key}={raw} is not a TOML value (quote strings: "
+                f"{key}=\"{raw}\")") from None
+    return out
+
+
+def check_device(node_config: dict[str, Any]) -> str:
+    """Check the node config and the policy file it names; return where the policy came from.
+
+    Raises
+    ------
+    NodeConfigError
+        The first problem, naming the key and the value.
+    """
+    from client.policy import DevicePolicy  # settings + policy only: fast, no flwr
+    from settings import SettingError
+
+    try:
+        return DevicePolicy.load(node_config).source
+    except SettingError as err:
+        raise NodeConfigError(str(err)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add ``gpfl supernode``'s options to a (sub)parser."""
+    p.add_argument("--superlink", default="127.0.0.1:9092",
+                   help="the SuperLink's Fleet API (gRPC), HOST:PORT (default 127.0.0.1:9092)")
+    sec = p.add_mutually_exclusive_group()
+    sec.add_argument("--insecure", action="store_true",
+                     help="connect to the SuperLink without TLS (tests, a local federation)")
+    sec.add_argument("--root-certificates", metavar="CA.crt",
+                     help="the CA that signed the SuperLink's certificate (TLS)")
+    p.add_argument("--auth-supernode-private-key", metavar="KEY",
+                   help="this SuperNode's private key (SuperNode authentication)")
+    p.add_argument("--auth-supernode-public-key", metavar="KEY.pub",
+                   help="this SuperNode's public key (optional with the private key)")
+    p.add_argument("--node-config", default="", metavar='"k=v ..." | FILE.toml',
+                   help="the device's settings (partition-id, policy-file, caps, ...; see "
+                        "docs/SETTINGS.md); checked before anything starts")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"the SuperNode's local Runtime API port (default {DEFAULT_PORT}); one "
+                        "per SuperNode on a host")
+    p.add_argument("--poll-interval", type=float, default=0.2,
+                   help="seconds between the executor's polls for a task when idle")
+    p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="-- FLOWER_ARGS",
+                   help="anything after `--` is passed to flower-supernode as given")
+
+
+def supernode_argv(args: argparse.Namespace) -> list[str]:
+    """Return the ``flower-supernode`` command line of these options."""
+    argv = [str(bin_dir() / "flower-supernode"), "--isolation", "process",
+            "--superlink", args.superlink, "--port", str(args.port)]
+    if args.insecure:
+        argv.append("--insecure")
+    if args.root_certificates:
+        argv += ["--root-certificates", args.root_certificates]
+    if args.auth_supernode_private_key:
+        argv += ["--auth-supernode-private-key", args.auth_supernode_private_key]
+    if args.auth_supernode_public_key:
+        argv += ["--auth-supernode-public-key", args.auth_supernode_public_key]
+    if args.node_config:
+        argv += ["--node-config", args.node_config]
+    extra = list(args.flower_args or [])
+    if extra[:1] == ["--"]:
+        extra = extra[1:]
+    return argv + extra
+
+
+def executor_argv(port: int, poll_interval: float, parent_pid: int) -> list[str]:
+    """Return the warm executor's command line (this interpreter, this installation)."""
+    # The Runtime API is served on 127.0.0.1 (Flower's default host): only this machine reaches it.
+    # -P: the working directory is not put on sys.path, so a `client/` folder wherever the
+    # runner was started cannot stand in for the installed one.
+    return [sys.executable, "-P", "-m", "client.executor", "--runtime-api-address",
+            f"127.0.0.1:{port}", "--poll-interval", str(poll_interval),
+            "--parent-pid", str(parent_pid)]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # Linux: the kernel sends SIGTERM to the child when the runner dies, even by SIGKILL.
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+def _start(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    # Own session = own process group: stopping the group reaches anything the child starts.
+    return subprocess.Popen(list(argv), env=child_env(), stdin=subprocess.DEVNULL,
+                            start_new_session=True, preexec_fn=_die_with_parent)
+
+
+def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 5.0) -> None:
+    """Stop a child's process group (SIGTERM, then SIGKILL), and any descendant left."""
+    if proc is None:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.wait(timeout=timeout)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    terminate_tree([proc.pid], timeout=1.0)
+
+
+class _Stop(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_stop(signum: int, frame: FrameType | None) -> None:
+    raise _Stop(signum)
+
+
+def run(args: argparse.Namespace, echo: Any = None) -> int:
+    """Check the device's settings, start the SuperNode and the executor, and watch them.
+
+    Returns the SuperNode's exit code, 2 for invalid settings, or 128 + the signal that
+    stopped the runner.
+    """
+    def say(text: str) -> None:
+        print(f"gpfl supernode: {text}", file=sys.stderr, flush=True)
+
+    echo = echo or say
+    try:
+        source = check_device(parse_node_config(args.node_config))
+    except NodeConfigError as err:
+        echo(f"invalid device settings, nothing started: {err}")
+        return 2
+    if not 0 < args.port < 65536:
+        echo(f"--port must be 1..65535, got --port={args.port}")
+        return 2
+    if not args.poll_interval > 0:
+        echo(f"--poll-interval must be > 0, got --poll-interval={args.poll_interval}")
+        return 2
+    supernode: subprocess.Popen[bytes] | None = None
+    executor: subprocess.Popen[bytes] | None = None
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    for s in previous:
+        signal.signal(s, _raise_stop)
+    try:
+        supernode = _start(supernode_argv(args))
+        echo(f"SuperNode pid {supernode.pid} (process isolation, Runtime API "
+             f"127.0.0.1:{args.port}); device settings from {source}")
+        pause, started = 1.0, time.monotonic()
+        executor = _start(executor_argv(args.port, args.poll_interval, os.getpid()))
+        while True:
+            code = supernode.poll()
+            if code is not None:
+                echo(f"the SuperNode exited with code {code}; stopping the executor")
+                return code
+            if executor.poll() is not None:
+                ran = time.monotonic() - started
+                echo(f"the executor (pid {executor.pid}) exited with code {executor.returncode} "
+                     f"after {ran:.0f} s; restarting it in {pause:.0f} s")
+                time.sleep(pause)
+                # A crash loop backs off (up to 30 s); one that ran a while starts afresh.
+                pause = 1.0 if ran > 60 else min(pause * 2, 30.0)
+                started = time.monotonic()
+                executor = _start(executor_argv(args.port, args.poll_interval, os.getpid()))
+            time.sleep(0.2)
+    except _Stop as stop:
+        echo(f"signal {stop.signum}: stopping the SuperNode and the executor")
+        return 128 + stop.signum
+    finally:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)  # no second signal interrupts the cleanup
+        _stop(executor)
+        _stop(supernode)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,278 @@
+"""The device runner (``gpfl supernode``) over real Flower processes.
+
+One federation (a SuperLink and 2 SuperNodes started as devices start them, through
+``gpfl supernode``) serves several runs in turn, since a launch costs ~15 s here and a round
+~6-12 s: a plain gpfl run; a run whose FAB carries a tampered client under gpfl's own app id and
+version (its code must never run on a device); a run of another app id (refused, and the run
+ends instead of hanging); a run whose request the device policy declines (a reply, not an error).
+The runner's own process handling (signals, a dead runner) is checked on a runner alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+
+from mechanisms import PrivacyLedger
+from server.launcher import Federation, free_port, project_root, stream_lines
+from server.processes import bin_dir, child_env
+from tests.conftest import flower_processes
+
+pytestmark = pytest.mark.integration
+
+N_OVER_NU = 2 / 5  # cost of one release: n/ν with n = 2, ν = 5
+NAMES = ("client-0", "client-1")
+RUN = {"num-rounds": 2, "clients-per-round": 2, "patience": 0, "seed": 11,
+       "round-timeout": 30.0}
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    """A SuperLink and 2 SuperNodes through ``gpfl supernode``, shared by this module's runs."""
+    work = tmp_path_factory.mktemp("runner-fed")
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    fed = Federation(workdir=work)
+    try:
+        fed.start_superlink()
+        for i in range(2):
+            fed.start_supernode(i, {"partition-id": i, "num-partitions": 2,
+                                    "ledger-dir": str(work / "ledgers")})
+        yield fed
+    finally:
+        left = fed.close()
+        assert not left
+        stray = [p.pid for p in psutil.Process().children(recursive=True)
+                 if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+        assert not stray and flower_processes() == []
+
+
+def run_app(fed: Federation, app: Path, name: str, **config: Any) -> tuple[dict[str, Any], float]:
+    """Submit one run, wait for it; return its summary.json and the seconds it took."""
+    out = fed.workdir / name
+    seen: list[str] = []
+    started = time.monotonic()
+    proc = fed.submit(app, {**RUN, **config, "out-dir": str(out)})
+    for line in stream_lines(proc, fed.logs / f"{name}.log", timeout=240):
+        seen.append(line)
+        # While the run goes on, no Flower executor serves the SuperNodes' tasks.
+        assert not [p for p in flower_processes() if "flwr-clientapp" in p]
+    fed.procs.procs.pop("flwr-run", None)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return json.loads((out / "summary.json").read_text()), time.monotonic() - started
+
+
+def spent(fed: Federation) -> dict[str, tuple[int, float]]:
+    """Releases and d-privacy spend in each device's ledger."""
+    out = {}
+    for name in NAMES:
+        path = fed.workdir / "ledgers" / f"{name}.json"
+        s = PrivacyLedger(path, delta=1e-5).spent() if path.exists() else None
+        out[name] = (s.releases, s.d_privacy) if s else (0, 0.0)
+    return out
+
+
+def device_logs(fed: Federation) -> str:
+    return "".join((fed.logs / f"supernode-{i}.log").read_text(errors="replace")
+                   for i in range(2))
+
+
+def copy_app(dst: Path) -> Path:
+    """A copy of this checkout's Flower app (what `flwr run` packs into the FAB)."""
+    root = project_root()
+    shutil.copytree(root, dst, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "runs", "__pycache__", "*.egg-info", "tests", "docs", "deploy",
+        "experiments", ".mypy_cache", ".ruff_cache", ".pytest_cache", "build"))
+    return dst
+
+
+def test_a_run_over_the_device_runner(federation: Federation) -> None:
+    # Execute
+    before = spent(federation)
+    summary, _ = run_app(federation, project_root(), "plain")
+
+    # Assert: both rounds completed with both devices, each release charged once.
+    assert summary["status"] == "complete" and summary["rounds_completed"] == 2
+    assert [e["replies"] for e in summary["history"][1:]] == [2, 2]
+    after = spent(federation)
+    for name in NAMES:
+        assert after[name][0] - before[name][0] == 2
+        assert after[name][1] - before[name][1] == pytest.approx(2 * N_OVER_NU)
+    logs = device_logs(federation)
+    assert "warm executor" in logs and "served by the gpfl client installed" in logs
+    # One warm executor per SuperNode served every message (no process per message), and the
+    # SuperNode started no executor of its own (no flower-superexec, no flwr-clientapp).
+    assert logs.count("warm executor") == 2
+    for i in range(2):
+        tree = psutil.Process(federation.procs.procs[f"supernode-{i}"].pid).children(
+            recursive=True)
+        commands = sorted(" ".join(p.cmdline()) for p in tree)
+        assert len(commands) == 2, commands
+        assert any("client.executor" in c for c in commands)
+        assert any("flower-supernode" in c and "--isolation process" in c for c in commands)
+
+
+TAMPER = '''
+    def fit(self, parameters, config):  # tampered: mark, then send the raw hypothesis, uncharged
+        import pathlib
+        pathlib.Path({marker!r}).write_text("the server's client ran on the device")
+        return [p for p in parameters[:len(self.task.parameter_shapes)]], 1, {{
+            "client-name": self.policy.client_name, "declined": 0, "mechanism": "laplace"}}
+
+    def _untampered_fit('''
+
+
+def test_a_fab_with_a_tampered_client_never_runs_on_the_device(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: the same app id and version, with a client that writes a marker file and
+    # releases the raw hypothesis without charging anything.
+    app = copy_app(tmp_path / "app")
+    marker = tmp_path / "tampered-client-ran"
+    client = app / "client" / "numpy_client.py"
+    text = client.read_text()
+    assert "    def fit(\n" in text
+    client.write_text(text.replace("    def fit(\n", TAMPER.format(marker=str(marker)), 1))
+    (app / "client" / "app.py").write_text(
+        (app / "client" / "app.py").read_text()
+        + f"\nimport pathlib\npathlib.Path({str(marker)!r}).write_text('imported')\n")
+    # The tamper works where the FAB's code is run: importing it writes the marker.
+    subprocess.run([sys.executable, "-c", "import client.app"], cwd=app, check=True,
+                   env=child_env({"PYTHONPATH": str(app)}))
+    assert marker.exists()
+    marker.unlink()
+    before = spent(federation)
+
+    # Execute
+    summary, _ = run_app(federation, app, "tampered")
+
+    # Assert: the marker never appeared; every release was sanitized and charged by the
+    # device's own client.
+    assert not marker.exists()
+    assert summary["status"] == "complete" and summary["rounds_completed"] == 2
+    after = spent(federation)
+    for name in NAMES:
+        assert after[name][0] - before[name][0] == 2
+    sent = np.asarray(summary["initial_hypotheses"], dtype=float)
+    for entry in summary["history"][1:]:
+        assert entry["replies"] == 2 and entry["failures"] == 0
+        for release in entry["released"]:
+            # A raw hypothesis would equal one of those sent; Laplace noise (ν = 5) moves it.
+            assert np.min(np.abs(sent - np.asarray(release)).max(axis=1)) > 1e-3
+
+
+def test_a_run_of_another_app_is_refused_and_does_not_hang(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: gpfl's code under another app id.
+    app = copy_app(tmp_path / "app")
+    pyproject = app / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('name = "gpfl"', 'name = "gpfl-other"', 1))
+    before = spent(federation)
+
+    # Execute
+    summary, seconds = run_app(federation, app, "other-app")
+
+    # Assert: every reply was a failure (not a timeout: the run took far less than the rounds'
+    # deadlines), the device logged which app it refused and why, and nothing was charged.
+    assert summary["rounds_completed"] == 0
+    for entry in summary["history"][1:]:
+        assert entry["replies"] == 0 and entry["failures"] == 2 and not entry["missing"]
+    assert seconds < 2 * RUN["round-timeout"]
+    logs = device_logs(federation)
+    assert "gpfl executor refuses run" in logs
+    assert "app gpfl/gpfl-other 0.1.0: not the app installed on this device" in logs
+    assert spent(federation) == before
+
+
+def test_a_policy_decline_is_a_reply_not_an_error(federation: Federation) -> None:
+    # Execute: the run asks for no noise; the devices' default policy forbids it.
+    before = spent(federation)
+    summary, _ = run_app(federation, project_root(), "declined", mechanism="none")
+
+    # Assert: each device replied with a decline (counted as such, not as a failure) and
+    # nothing was charged.
+    for entry in summary["history"][1:]:
+        assert entry["declined"] == 2 and entry["failures"] == 0 and not entry["missing"]
+    per_client = summary["privacy"]["per_client"]
+    assert all(per_client[n]["declines"] == 2 for n in NAMES)
+    assert spent(federation) == before
+
+
+# --- the runner's own processes ------------------------------------------------------------
+def start_runner(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """``gpfl supernode`` towards a SuperLink that is not there; wait for its 2 children."""
+    with open(tmp_path / "runner.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [str(bin_dir() / "gpfl"), "supernode", "--insecure", "--superlink",
+             f"127.0.0.1:{free_port()}", "--port", str(free_port()), "--node-config",
+             f'partition-id=0 ledger-dir="{tmp_path}"'],
+            stdout=log, stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kids = psutil.Process(proc.pid).children()
+        if len(kids) == 2:
+            return proc, [k.pid for k in kids]
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError("the runner did not start its two children")
+
+
+def gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_the_runner_stops_its_children_on_a_signal(
+    tmp_path: Path, signum: int, no_leftover_processes: None
+) -> None:
+    proc, kids = start_runner(tmp_path)
+    proc.send_signal(signum)
+    assert proc.wait(timeout=20) == 128 + signum
+    assert gone(kids, 10)
+
+
+def test_children_of_a_killed_runner_stop_too(tmp_path: Path) -> None:
+    # SIGKILL leaves the runner no time to clean up: the kernel tells its children
+    # (PR_SET_PDEATHSIG), and the executor also watches its parent.
+    proc, kids = start_runner(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    try:
+        assert gone(kids, 15)
+    finally:
+        for pid in kids:  # never leave one behind, whatever happened
+            if psutil.pid_exists(pid):
+                psutil.Process(pid).kill()
+
+
+def test_the_runner_exits_with_its_supernode(tmp_path: Path,
+                                             no_leftover_processes: None) -> None:
+    # A SuperNode that gives up (no SuperLink, one connection attempt) ends the runner, which
+    # stops its executor and passes the SuperNode's exit code on.
+    done = subprocess.run(
+        [str(bin_dir() / "gpfl"), "supernode", "--insecure", "--superlink",
+         f"127.0.0.1:{free_port()}", "--port", str(free_port()), "--node-config",
+         f'partition-id=0 ledger-dir="{tmp_path}"', "--", "--max-retries", "1"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False)
+    assert done.returncode != 0
+    assert f"the SuperNode exited with code {done.returncode}; stopping the executor" in (
+        done.stderr + done.stdout)
+    assert "warm executor" in done.stderr + done.stdout
