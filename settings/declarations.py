@@ -1,0 +1,244 @@
+"""Every gpfl setting, declared once (the table `docs/SETTINGS.md` and the pyproject defaults show).
+
+Each declaration says the setting's name, type, default, bounds and owner (see
+:mod:`settings.schema` for what the owners mean). Value checks a type and bounds cannot say
+(names, hashes, optima, device strings) are the small functions beside them.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from settings.setting import Setting
+
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+def _check_name(text: str) -> None:
+    if text and not _NAME.fullmatch(text):
+        raise ValueError("must be letters, digits, '_', '-' or '.' (not starting with '.')")
+
+
+_FAB_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def _check_fab_hashes(text: str) -> None:
+    if any(not _FAB_HASH.fullmatch(h) for h in text.split(",") if text):
+        raise ValueError("must be comma-separated SHA-256 hashes (64 lower-case hex digits)")
+
+
+def _check_positive_list(text: str) -> None:
+    if not text:
+        return
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError("must be comma-separated numbers") from None
+    if any(not math.isfinite(v) or v <= 0 for v in values):
+        raise ValueError("must hold positive finite numbers")
+
+
+def _check_optima(text: str) -> None:
+    rows = text.split(";")
+    if any(not row.strip() for row in rows):
+        raise ValueError("must be ';'-separated vectors, none of them empty")
+    try:
+        vectors = [[float(v) for v in row.split(",")] for row in rows]
+    except ValueError:
+        raise ValueError("must be ';'-separated vectors of ','-separated numbers") from None
+    if not vectors or len({len(v) for v in vectors}) != 1:
+        raise ValueError("must hold at least one vector, all of the same length")
+    if any(not math.isfinite(x) for v in vectors for x in v):
+        raise ValueError("must hold finite numbers")
+
+
+def parse_optima(text: str) -> list[list[float]]:
+    """Parse the ``optima`` setting (already checked) into vectors."""
+    return [[float(v) for v in part.split(",")] for part in text.split(";")]
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def _check_device(text: str) -> None:
+    if not _DEVICE.fullmatch(text):
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
+
+
+# ------------------------------------------------------------------------------ declarations
+_TASKS = ("synthetic", "fairness", "digits", "femnist", "hospital")
+MECHANISMS = ("laplace", "gaussian", "sign", "none")
+
+_DECLARATIONS: tuple[Setting, ...] = (
+    # -- the run ---------------------------------------------------------------------------------
+    Setting("task", str, "synthetic", "the learning task", choices=_TASKS),
+    Setting("num-hypotheses", int, 2, "k, the number of models (one per group of clients)",
+            minimum=1),
+    Setting("num-rounds", int, 20, "rounds of training", minimum=1),
+    Setting("clients-per-round", int, 7, "clients sampled each round (fewer if fewer connect)",
+            minimum=1),
+    Setting("eval-every", int, 1, "validate on held-out users every this many rounds", minimum=1),
+    Setting("patience", int, 6,
+            "stop after this many validations without a new best loss (0 = never)", minimum=0),
+    Setting("seed", int, -1,
+            "server-side randomness (sampling, initial hypotheses, client batch order); "
+            "-1 = OS entropy; never the privacy noise", minimum=-1),
+    Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
+    # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
+    # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an
+    # error, so the round ends then with the replies that arrived. 60 s is ~4x a real-process
+    # round here (12-16 s with 10 SuperNodes on 2 cores, docs/RESULTS.md) and ~25x a simulated
+    # round of 100 clients: honest devices are not cut off, and a stuck one costs one minute.
+    Setting("round-timeout", float, 60.0,
+            "seconds a round waits for replies (and, before it starts, for min-replies devices "
+            "to connect); a device that has not answered by then is recorded as missing",
+            minimum=0.0, open_minimum=True),
+    Setting("min-replies", int, 1,
+            "usable replies a round needs to change the hypotheses (fewer: they are kept); a "
+            "round starts only once this many devices are connected", minimum=1),
+    Setting("resume-from", str, "",
+            "a run directory whose checkpoint the ServerApp continues from (\"\" = a fresh "
+            "run); out-dir defaults to it"),
+    Setting("server-device", str, "auto",
+            "where the ServerApp validates (torch tasks): auto, cpu, cuda or cuda:N",
+            check=_check_device),
+    # -- local training --------------------------------------------------------------------------
+    Setting("local-epochs", int, 1, "E, local epochs per round", group="training", minimum=1),
+    Setting("learning-rate", float, 0.1, "s, the local SGD step", group="training",
+            minimum=0.0, open_minimum=True),
+    Setting("batch-size", int, 10, "B, the local batch size", group="training", minimum=1),
+    # -- privacy: what the run asks for -----------------------------------------------------------
+    Setting("mechanism", str, "laplace",
+            "requested mechanism; a device declines one its `mechanisms` do not allow",
+            group="privacy", choices=MECHANISMS),
+    Setting("calibration", str, "neighbourhood",
+            "laplace: neighbourhood (noise ∝ ‖δ‖, the paper's) or fixed (given d-epsilon)",
+            group="privacy", choices=("neighbourhood", "fixed")),
+    Setting("noise-multiplier", float, 5.0,
+            "nu of the neighbourhood calibration (E‖noise‖ = nu·‖δ‖); the device's is a minimum",
+            owner="both", stricter="max", device_default=1.0, group="privacy",
+            minimum=0.0, open_minimum=True),
+    Setting("d-epsilon", float, 1.0,
+            "laplace fixed: epsilon per unit of distance of one release; the device's is a "
+            "maximum", owner="both", stricter="min", device_default=10.0, group="privacy",
+            minimum=0.0, open_minimum=True),
+    Setting("public-radius", float, 1.0,
+            "laplace fixed: the radius r a release is charged at (cost d-epsilon·r); the "
+            "device's is a minimum", owner="both", stricter="max", device_default=1.0,
+            group="privacy", minimum=0.0, open_minimum=True),
+    Setting("per-layer", bool, False,
+            "laplace: sanitize each layer with its own noise (costs add)", group="privacy"),
+    Setting("epsilon", float, 1.0,
+            "gaussian/sign: the (epsilon, delta) target the planned releases compose to; the "
+            "device's is a maximum", owner="both", stricter="min", device_default=10.0,
+            group="privacy", minimum=0.0, open_minimum=True),
+    Setting("client-epsilons", str, "",
+            "gaussian/sign, simulation: partition p asks for epsilon number p mod len "
+            "(e.g. \"1,5,10\")", group="privacy", check=_check_positive_list),
+    Setting("delta", float, 1e-5,
+            "gaussian/sign: the target delta; the device's is a maximum and the delta its "
+            "ledger reports at", owner="both", stricter="min", device_default=1e-5,
+            group="privacy", minimum=0.0, maximum=1.0, open_minimum=True, open_maximum=True),
+    Setting("clip", float, 1.0, "gaussian/sign: the clipping bound C of the update",
+            group="privacy", minimum=0.0, open_minimum=True),
+    Setting("clip-mode", str, "l2", "gaussian/sign: clip the L2 norm, or each coordinate",
+            group="privacy", choices=("l2", "elementwise")),
+    Setting("planned-releases", int, 0,
+            "gaussian/sign: releases the epsilon target is spread over (0 = num-rounds)",
+            group="privacy", minimum=0),
+    Setting("cap-d-privacy", float, 0.0,
+            "cap on a client's total d-privacy spend Σ epsilon·r (laplace); 0 = no request, "
+            "the device's cap applies", owner="both", stricter="min", device_default=50.0,
+            unset=0.0, group="privacy", minimum=0.0),
+    Setting("cap-epsilon", float, 0.0,
+            "cap on a client's RDP-composed epsilon at its delta (gaussian, sign); 0 = no "
+            "request, the device's cap applies", owner="both", stricter="min",
+            device_default=10.0, unset=0.0, group="privacy", minimum=0.0),
+    # -- aggregation -----------------------------------------------------------------------------
+    Setting("aggregation", str, "mean", "how a cluster's releases are weighted",
+            group="aggregation", choices=("mean", "weighted", "probability", "inverse-variance")),
+    Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
+            group="aggregation", minimum=0.0, open_minimum=True),
+    # -- tasks -----------------------------------------------------------------------------------
+    Setting("data-seed", int, 0, "generates or splits the task's data (public)", group="tasks",
+            minimum=0),
+    Setting("optima", str, "5,6;4,-4.5",
+            "synthetic, fairness: one optimum per group, `;`-separated vectors", group="tasks",
+            check=_check_optima),
+    Setting("users", int, 0, "training users (0 = one per SuperNode)", group="tasks", minimum=0),
+    Setting("samples-per-user", int, 10, "synthetic, fairness: samples of each user",
+            group="tasks", minimum=1),
+    Setting("validation-users", int, 20,
+            "held-out users the server validates on (>= 1; hospital: at most this many held-out "
+            "providers, 0 = all of them)", group="tasks", minimum=0),
+    Setting("rotate-probability", float, 0.5,
+            "digits, femnist: probability that a user's images are rotated", group="tasks",
+            minimum=0.0, maximum=1.0),
+    Setting("model", str, "cnn", "digits: the Table 3 CNN or seeds/002's logistic regression",
+            group="tasks", choices=("cnn", "logistic")),
+    Setting("partition", str, "contiguous", "digits: equal slices or a Dirichlet label skew",
+            group="tasks", choices=("contiguous", "dirichlet")),
+    Setting("dirichlet-alpha", float, 0.5, "digits: concentration of the dirichlet partition",
+            group="tasks", minimum=1e-6),
+    Setting("loss", str, "cross-entropy", "digits: the training loss", group="tasks",
+            choices=("cross-entropy", "rmse")),
+    Setting("labels", str, "digit", "digits: 10 digit classes, or parity flipped for rotated "
+            "users (thesis Fig. 2.8)", group="tasks", choices=("digit", "parity")),
+    Setting("minority-fraction", float, 0.2, "fairness: share of minority samples",
+            group="tasks", minimum=0.0, maximum=1.0),
+    Setting("server-data-path", str, "",
+            "femnist, hospital: the data the ServerApp validates on (a file or folder)",
+            group="tasks"),
+    # -- the device (node config, or the policy file it names) ------------------------------------
+    Setting("partition-id", int, 0, "which partition of the task's data this device holds",
+            owner="device", group="device", minimum=0),
+    Setting("num-partitions", int, 1, "how many partitions the task's data is split into",
+            owner="device", group="device", minimum=1),
+    Setting("client-name", str, "",
+            "the device's name in replies and its ledger's file name (\"\" = "
+            "client-<partition-id>)", owner="device", group="device", check=_check_name),
+    Setting("policy-file", str, "",
+            "a TOML file of device settings (node-config keys override it); also "
+            "$GPFL_POLICY", owner="device", group="device"),
+    Setting("mechanisms", str, "laplace,gaussian,sign",
+            "the mechanisms this device releases with; any other request is declined",
+            owner="device", group="device", choices=MECHANISMS, is_list=True),
+    Setting("ledger-dir", str, "~/.gpfl/ledgers",
+            "where the device keeps its privacy ledger (<client-name>.json)", owner="device",
+            group="device"),
+    Setting("ledger-path", str, "", "an explicit ledger file (overrides ledger-dir)",
+            owner="device", group="device"),
+    Setting("allow-seeded-noise", bool, False,
+            "let noise-seed make the privacy noise reproducible (experiments only)",
+            owner="device", group="device"),
+    Setting("noise-seed", int, -1,
+            "the device's own noise seed, used only with allow-seeded-noise (-1 = none)",
+            owner="device", group="device", minimum=-1),
+    Setting("device", str, "auto",
+            "where this device trains (torch tasks): auto, cpu, cuda or cuda:N", owner="device",
+            group="device", check=_check_device),
+    Setting("data-path", str, "", "femnist, hospital: this device's data (a file or folder)",
+            owner="device", group="device"),
+    # Refuses absurd instructions before anything is computed or charged. gpfl's tasks work in
+    # units (hospital payments in thousands of dollars, the synthetic optima single digits,
+    # network weights O(1)), so 1e6 is far beyond any model they learn, and far below where
+    # float32 training overflows (squares of 1e19): a hypothesis of 1e30 would otherwise be
+    # trained, charged and then fail or release garbage.
+    # The device runner (`gpfl supernode`) serves only runs of the gpfl app installed on the
+    # device (its app id and version); this narrows that to FAB releases the owner has reviewed.
+    # The FAB is never executed on the device either way (docs/TRUST.md).
+    Setting("trusted-fab-hashes", str, "",
+            "gpfl supernode: the FAB hashes (sha256, comma-separated) of runs this device "
+            "serves, on top of the installed app id and version (\"\" = any FAB of them)",
+            owner="device", group="device", check=_check_fab_hashes),
+    Setting("max-parameter", float, 1e6,
+            "the largest |value| in a hypothesis this device accepts; a larger one is refused "
+            "before anything is computed or charged", owner="device", group="device",
+            minimum=0.0, open_minimum=True),
+)
+
+#: Every setting by name.
+SETTINGS: dict[str, Setting] = {s.name: s for s in _DECLARATIONS}
+if len(SETTINGS) != len(_DECLARATIONS):  # pragma: no cover - a declaration error
+    raise RuntimeError("a setting is declared twice")
