@@ -1,0 +1,265 @@
+"""A SuperLink and SuperNodes as OS processes on this machine, and the run submitted to them.
+
+:class:`Federation` starts Flower's processes on free localhost ports with a private Flower home
+(SuperNodes through ``gpfl supernode`` by default), submits a run with ``flwr run --stream`` and
+stops everything it started. :func:`stream_lines` reads the run's streamed log.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from server.certs import TlsFiles
+from server.processes import ProcessSet, bin_dir, child_env
+from settings.render import toml_value
+
+logger = logging.getLogger(__name__)
+
+#: The connection name written into the launch's private FLWR_HOME.
+CONNECTION = "gpfl-local"
+
+
+class LaunchError(RuntimeError):
+    """The federation could not be started, or the run failed."""
+
+
+def project_root() -> Path:
+    """Return the folder holding gpfl's ``pyproject.toml`` (the Flower app)."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "pyproject.toml").is_file():
+        raise LaunchError(
+            f"no pyproject.toml next to the installed packages ({root}); `gpfl launch` runs "
+            "the Flower app from a source checkout: pass --app PATH"
+        )
+    return root
+
+
+def free_port() -> int:
+    """Return a TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None,
+                  log: Path | None = None) -> None:
+    """Wait until something listens on 127.0.0.1:port, or fail clearly."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+            raise LaunchError(f"process exited with code {proc.returncode} before listening on "
+                              f"port {port}:\n{tail}")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise LaunchError(f"nothing listened on 127.0.0.1:{port} after {timeout:.0f} s")
+
+
+def node_config_arg(config: Mapping[str, Any]) -> str:
+    """Format a SuperNode's ``--node-config`` argument."""
+    return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+
+
+@dataclass
+class Federation:
+    """A SuperLink and SuperNodes on this machine; a context manager.
+
+    Parameters
+    ----------
+    workdir : Path
+        Logs (``logs/``) and the private Flower home go here.
+    tls : TlsFiles or None
+        Certificates to encrypt every connection; ``None`` runs insecure.
+    """
+
+    workdir: Path
+    tls: TlsFiles | None = None
+    procs: ProcessSet = field(default_factory=ProcessSet)
+    fleet_port: int = 0
+    control_port: int = 0
+    supernode_ports: dict[int, int] = field(default_factory=dict)
+    node_configs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: Extra environment of each SuperNode (e.g. its own ``CUDA_VISIBLE_DEVICES``).
+    node_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
+    #: Environment added to every process (e.g. ``GPFL_POLICY`` for virtual nodes).
+    extra_env: dict[str, str] = field(default_factory=dict)
+    #: SuperNodes run as devices do: ``gpfl supernode`` (the device's own gpfl client in one
+    #: warm executor; runs of other apps refused). ``False``: Flower's plain ``flower-supernode``,
+    #: which installs and runs the FAB of any run in a new process per message (the bench's
+    #: FedAvg baseline needs it).
+    device_runner: bool = True
+
+    def __enter__(self) -> Federation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def logs(self) -> Path:
+        """The folder of every process's log."""
+        return self.workdir / "logs"
+
+    def _security_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--insecure"]
+        return ["--ssl-ca-certfile", str(self.tls.ca_cert),
+                "--ssl-certfile", str(self.tls.server_cert),
+                "--ssl-keyfile", str(self.tls.server_key)]
+
+    def start_superlink(self, extra_args: list[str] | None = None, timeout: float = 60,
+                        simulation_supernodes: int = 0) -> None:
+        """Start the SuperLink and wait until its APIs listen.
+
+        With ``simulation_supernodes > 0`` it runs Flower's Simulation Engine
+        (Ray) with that many virtual SuperNodes instead of a Fleet API.
+        """
+        self.control_port = free_port()
+        log = self.logs / "superlink.log"
+        argv = [
+            str(bin_dir() / "flower-superlink"), *self._security_args(),
+            "--disable-runtime-dependency-installation",
+            "--host", "127.0.0.1", "--port", str(self.control_port),
+        ]
+        if simulation_supernodes:
+            argv.append("--simulation")
+        else:
+            self.fleet_port = free_port()
+            argv += ["--fleet-api-address", f"127.0.0.1:{self.fleet_port}"]
+        proc = self.procs.start("superlink", [*argv, *(extra_args or [])], log,
+                                env=child_env(self._env()))
+        if self.fleet_port:
+            wait_for_port(self.fleet_port, timeout, proc, log)
+        wait_for_port(self.control_port, timeout, proc, log)
+        self._write_connection(simulation_supernodes)
+
+    def _env(self) -> dict[str, str]:
+        return {**self.extra_env, "FLWR_HOME": str(self.flwr_home)}
+
+    def _write_connection(self, simulation_supernodes: int = 0) -> None:
+        self.flwr_home.mkdir(parents=True, exist_ok=True)
+        lines = [f"[superlink.{CONNECTION}]", f'address = "127.0.0.1:{self.control_port}"']
+        if self.tls is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f'root-certificates = "{self.tls.ca_cert}"')
+        if simulation_supernodes:
+            lines.append(f"options.num-supernodes = {simulation_supernodes}")
+        (self.flwr_home / "config.toml").write_text("\n".join(lines) + "\n")
+
+    def start_supernode(self, index: int, node_config: Mapping[str, Any],
+                        extra_args: list[str] | None = None,
+                        root_certificates: Path | None = None,
+                        env: Mapping[str, str] | None = None) -> None:
+        """Start SuperNode ``index`` with its node config (and extra environment ``env``)."""
+        port = self.supernode_ports.get(index) or free_port()
+        self.supernode_ports[index] = port
+        self.node_configs[index] = dict(node_config)
+        if env is not None:
+            self.node_env[index] = dict(env)
+        if self.tls is None and root_certificates is None:
+            security = ["--insecure"]
+        else:
+            ca = root_certificates or (self.tls.ca_cert if self.tls else None)
+            security = ["--root-certificates", str(ca)]
+        command = ([str(bin_dir() / "gpfl"), "supernode"] if self.device_runner
+                   else [str(bin_dir() / "flower-supernode")])
+        argv = [
+            *command, *security,
+            "--superlink", f"127.0.0.1:{self.fleet_port}",
+            "--port", str(port),
+            "--node-config", node_config_arg(node_config),
+            *(extra_args or []),
+        ]
+        self.procs.start(f"supernode-{index}", argv, self.logs / f"supernode-{index}.log",
+                         env=child_env({**self._env(), **self.node_env.get(index, {})}))
+
+    # --- SuperNode authentication (server/certs.py; deploy owner) ---------------
+    def register_supernode(self, public_key: Path, timeout: float = 60) -> str:
+        """Register a SuperNode's public key (``flwr supernode register``).
+
+        Needs a SuperLink started with ``--enable-supernode-auth`` (and TLS).
+        Returns the CLI's output (it names the node id).
+        """
+        argv = [str(bin_dir() / "flwr"), "supernode", "register", str(public_key), CONNECTION]
+        done = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              env=child_env({**self._env(), "NO_COLOR": "1"}), timeout=timeout,
+                              check=False)
+        if done.returncode != 0:
+            raise LaunchError(f"could not register {public_key}: {done.stdout}{done.stderr}")
+        return done.stdout.strip()
+
+    def stop_supernode(self, index: int) -> None:
+        """Stop SuperNode ``index`` and everything it started (a crash, seen from outside)."""
+        self.procs.stop(f"supernode-{index}")
+
+    def restart_supernode(self, index: int) -> None:
+        """Stop SuperNode ``index`` and start it again with the same node config."""
+        self.stop_supernode(index)
+        self.start_supernode(index, self.node_configs[index])
+
+    def submit(self, app_dir: Path, run_config: Mapping[str, Any]) -> subprocess.Popen[str]:
+        """``flwr run <app> <connection> --stream``; returns the streaming process."""
+        argv = [str(bin_dir() / "flwr"), "run", str(app_dir), CONNECTION, "--stream"]
+        if run_config:
+            argv += ["--run-config", " ".join(f"{k}={toml_value(v)}"
+                                              for k, v in run_config.items())]
+        self.logs.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=child_env({**self._env(), "NO_COLOR": "1", "COLUMNS": "200"}),
+            text=True, bufsize=1, start_new_session=True,
+        )
+        self.procs.procs["flwr-run"] = proc
+        return proc
+
+    def close(self) -> list[int]:
+        """Stop every process of the federation; return PIDs that survived (none)."""
+        left = self.procs.stop_all()
+        shutil.rmtree(self.flwr_home, ignore_errors=True)
+        return left
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def stream_lines(proc: subprocess.Popen[str], log_path: Path,
+                 timeout: float) -> Iterator[str]:
+    """Yield the streamed log lines of ``flwr run`` (also saved to ``log_path``)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    timed_out = threading.Event()
+
+    def _watchdog() -> None:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                timed_out.set()
+                proc.kill()
+                return
+            time.sleep(0.5)
+
+    threading.Thread(target=_watchdog, daemon=True).start()
+    with open(log_path, "a") as log:
+        for raw in proc.stdout:
+            line = _ANSI.sub("", raw.rstrip("\n"))
+            log.write(line + "\n")
+            log.flush()
+            yield line
+    proc.wait()
+    if timed_out.is_set():
+        raise LaunchError(f"the run did not finish within {timeout:.0f} s")
