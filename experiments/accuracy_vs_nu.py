@@ -31,7 +31,7 @@ from typing import Any
 from experiments.common import Context, FederationSpec, laplace_or_none
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import best_entry, fmt, mean_std, spends_of
+from experiments.tables import best_entry, mean_std, spends_of
 
 NAME = "accuracy-vs-nu"
 COLUMNS = ("nu", "k", "seed", "accuracy", "mean_accuracy", "val_loss", "best_round", "rounds",
@@ -129,12 +129,6 @@ def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(row: dict[str, Any], summary: dict[str, Any]) -> str:
-    """Say the delivered accuracy (the progress message)."""
-    del summary
-    return f"accuracy {fmt(row['accuracy'])} (round {row['best_round']} of {row['rounds']})"
-
-
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
     """Accuracy versus ν, and the learning curves of the first seed."""
     first = runs[0][0].keys["seed"]
@@ -219,4 +213,5 @@ def mean_accuracy(rows: list[dict[str, str]], nu: float, k: int) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, cells, measure, describe, figures)
+EXPERIMENT = Experiment(NAME, COLUMNS, cells, measure, figures,
+                        shown=("accuracy", "best_round", "rounds"))

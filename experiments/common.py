@@ -153,10 +153,8 @@ class Context:
     def run(self, spec: FederationSpec) -> dict[str, Any]:
         """Run one federation, or reuse its cached result; return its summary.
 
-        Raises
-        ------
-        server.launcher.LaunchError
-            If the federation fails (its logs stay in the run directory).
+        A launched run is kept (compacted) with a ``done.json`` marker; it raises what
+        `launch` raises.
         """
         directory = self.run_dir(spec)
         done = directory / "done.json"

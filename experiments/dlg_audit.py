@@ -190,7 +190,6 @@ def grid(ctx: Context) -> list[Cell]:
 
 def perform(ctx: Context, cell: Cell) -> Attack:
     """One attack, on one thread."""
-    del ctx
     with one_thread():
         return attack(cell.keys["seed"], cell.keys["nu"], quick=cell.keys["quick"])
 
@@ -288,4 +287,4 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe, figures, perform)
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, describe=describe, perform=perform)

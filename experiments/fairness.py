@@ -32,7 +32,7 @@ from typing import Any
 from experiments.common import Context, FederationSpec, laplace_or_none
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import best_entry, fmt, mean_std
+from experiments.tables import best_entry, mean_std
 
 NAME = "fairness"
 METRICS = ("equal-opportunity-difference", "equalized-odds-difference",
@@ -110,16 +110,8 @@ def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(row: dict[str, Any], summary: dict[str, Any]) -> str:
-    """Say the three gaps and the accuracy (the progress message)."""
-    del summary
-    return ("EO/EOdds/DP " + " / ".join(fmt(row[_column(m)]) for m in METRICS)
-            + f", accuracy {fmt(row['accuracy'])}")
-
-
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
     """Figure 2.7's analogue (synthetic) and Figure 2.8's (digits), for those that ran."""
-    del runs
     for dataset in DATASETS:
         subset = [r for r in rows if r["dataset"] == dataset]
         if subset:
@@ -181,4 +173,4 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe, figures)
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=COLUMNS[4:8])

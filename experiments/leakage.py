@@ -100,15 +100,8 @@ def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(row: dict[str, Any], summary: dict[str, Any]) -> str:
-    """Say the spend statistics (the progress message)."""
-    del summary
-    return f"median / max spend {fmt(row['median_spend'])} / {fmt(row['max_spend'])}"
-
-
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
     """Spend versus ν."""
-    del runs
     plot(rows, ctx.figures / "leakage.png")
 
 
@@ -184,4 +177,5 @@ def plot(rows: list[dict[str, str]], path: Path) -> Path:
     return save(fig, path)
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe, figures)
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
+                        shown=("median_spend", "max_spend"))

@@ -67,57 +67,41 @@ NONIID_BUDGETS = {
     "personalized": ["5,5,5,5,5,15,15,15,15,15", "5,5,5,10,10,10,10,15,15,15"],
     "uniform": ["5", "10", "15"],
 }
+# What the panels share: the mechanisms at 002's δ, and the two data sets' settings.
+_GAUSSIAN = {"mechanism": "gaussian", "delta": 0.002}
+_SIGN = {"mechanism": "sign", "delta": 1e-5}
+_LOGISTIC = {"task": "fairness", "validation-users": 200, "samples-per-user": 10, "clip": 1.0,
+             "local-epochs": 5, "learning-rate": 0.5, "batch-size": 10}
+_DIGITS = {"task": "digits", "rotate-probability": 0.0, "validation-users": 20, "num-rounds": 10,
+           "batch-size": 50, "server-device": "cpu"}
+_DIGITS_LOGISTIC = {**_DIGITS, "model": "logistic", "clip": 1.0, "local-epochs": 5,
+                    "learning-rate": 0.5}
+
+
+def _panel(title: str, budgets: dict[str, list[str]], **config: Any) -> dict[str, Any]:
+    """One panel: 30 users (002's N clients cycled, each standing for 10)."""
+    return {"title": title, "users": 30, "budgets": budgets, "config": config}
+
+
 PANELS: dict[str, dict[str, Any]] = {
-    "logistic-iid-gaussian": {
-        "title": "logistic regression (3 parameters), IID, Gaussian",
-        "users": 30, "budgets": IID_BUDGETS,
-        "config": {
-            "task": "fairness", "minority-fraction": 0.0, "validation-users": 200,
-            "samples-per-user": 10, "mechanism": "gaussian", "delta": 0.002, "clip": 1.0,
-            "num-rounds": 10, "local-epochs": 5, "learning-rate": 0.5, "batch-size": 10,
-        },
-    },
-    "logistic-noniid-sign": {
-        "title": "logistic regression (3 parameters), non-IID (20 % opposite rule), sign",
-        "users": 30, "budgets": NONIID_BUDGETS,
-        "config": {
-            "task": "fairness", "minority-fraction": 0.2, "validation-users": 200,
-            "samples-per-user": 10, "mechanism": "sign", "delta": 1e-5, "clip": 1.0,
-            "server-learning-rate": 0.1, "num-rounds": 20, "local-epochs": 5,
-            "learning-rate": 0.5, "batch-size": 10,
-        },
-    },
-    "digits-iid-gaussian": {
-        "title": "digits, logistic regression (650 parameters), IID, Gaussian",
-        "users": 30, "budgets": IID_BUDGETS,
-        "config": {
-            "task": "digits", "model": "logistic", "partition": "contiguous",
-            "rotate-probability": 0.0, "validation-users": 20, "mechanism": "gaussian",
-            "delta": 0.002, "clip": 1.0, "num-rounds": 10, "local-epochs": 5,
-            "learning-rate": 0.5, "batch-size": 50, "server-device": "cpu",
-        },
-    },
-    "digits-dirichlet-sign": {
-        "title": "digits, logistic regression, non-IID (Dirichlet α = 0.5), sign",
-        "users": 30, "budgets": NONIID_BUDGETS,
-        "config": {
-            "task": "digits", "model": "logistic", "partition": "dirichlet",
-            "dirichlet-alpha": 0.5, "rotate-probability": 0.0, "validation-users": 20,
-            "mechanism": "sign", "delta": 1e-5, "clip": 1.0, "server-learning-rate": 0.05,
-            "num-rounds": 10, "local-epochs": 5, "learning-rate": 0.5, "batch-size": 50,
-            "server-device": "cpu",
-        },
-    },
-    "digits-cnn-iid-gaussian": {
-        "title": "digits, Table 3 CNN (83,562 parameters), IID, Gaussian",
-        "users": 30, "budgets": IID_BUDGETS,
-        "config": {
-            "task": "digits", "model": "cnn", "rotate-probability": 0.0,
-            "validation-users": 20, "mechanism": "gaussian", "delta": 0.002, "clip": 0.1,
-            "num-rounds": 10, "local-epochs": 1, "learning-rate": 0.1, "batch-size": 50,
-            "server-device": "cpu",
-        },
-    },
+    "logistic-iid-gaussian": _panel(
+        "logistic regression (3 parameters), IID, Gaussian", IID_BUDGETS,
+        **_LOGISTIC, **_GAUSSIAN, **{"minority-fraction": 0.0, "num-rounds": 10}),
+    "logistic-noniid-sign": _panel(
+        "logistic regression (3 parameters), non-IID (20 % opposite rule), sign", NONIID_BUDGETS,
+        **_LOGISTIC, **_SIGN,
+        **{"minority-fraction": 0.2, "server-learning-rate": 0.1, "num-rounds": 20}),
+    "digits-iid-gaussian": _panel(
+        "digits, logistic regression (650 parameters), IID, Gaussian", IID_BUDGETS,
+        **_DIGITS_LOGISTIC, **_GAUSSIAN, partition="contiguous"),
+    "digits-dirichlet-sign": _panel(
+        "digits, logistic regression, non-IID (Dirichlet α = 0.5), sign", NONIID_BUDGETS,
+        **_DIGITS_LOGISTIC, **_SIGN,
+        **{"partition": "dirichlet", "dirichlet-alpha": 0.5, "server-learning-rate": 0.05}),
+    "digits-cnn-iid-gaussian": _panel(
+        "digits, Table 3 CNN (83,562 parameters), IID, Gaussian", IID_BUDGETS,
+        **_DIGITS, **_GAUSSIAN,
+        **{"model": "cnn", "clip": 0.1, "local-epochs": 1, "learning-rate": 0.1}),
 }
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"panels": list(PANELS), "uniform": True, "personalized": None,
@@ -210,15 +194,8 @@ def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(row: dict[str, Any], summary: dict[str, Any]) -> str:
-    """Say the final accuracy (the progress message)."""
-    del summary
-    return f"accuracy {fmt(row['accuracy'])}"
-
-
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
     """One bar chart per panel."""
-    del runs
     for panel in dict.fromkeys(r["panel"] for r in rows):
         plot(rows, panel, ctx.figures / f"{panel}.png")
 
@@ -310,4 +287,4 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe, figures)
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=("accuracy",))

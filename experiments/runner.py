@@ -7,7 +7,7 @@ its measurement, its table and its figures:
 * ``perform(ctx, cell)`` runs one of them; by default `Context.run` on the cell's federation,
   which reuses a finished federation from the cache;
 * ``measure(cell, result)`` turns the result into the ``results.csv`` row of that cell;
-* ``describe(row, result)`` is the progress message of a finished cell;
+* ``shown`` names the columns that a finished cell's progress line shows;
 * ``figures(ctx, rows, runs)`` draws the PNGs from the rows (as read back from ``results.csv``,
   so a figure shows what the CSV holds) and, where a figure needs more, from the results.
 
@@ -34,7 +34,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 
 from experiments.common import Context, FederationSpec
-from experiments.tables import read_csv, write_csv
+from experiments.tables import fmt, read_csv, write_csv
 
 __all__ = ["Cell", "Experiment", "Progress", "Run", "run"]
 
@@ -76,7 +76,7 @@ def _perform_federation(ctx: Context, cell: Cell) -> dict[str, Any]:
 
 
 def _no_figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
-    del ctx, rows, runs
+    """Draw nothing."""
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,13 @@ class Experiment:
         ``grid(ctx) -> list[Cell]``: the configurations, in the order they run.
     measure : callable
         ``measure(cell, result) -> dict``: the row of a finished configuration.
-    describe : callable
-        ``describe(row, result) -> str``: its progress message.
     figures : callable
         ``figures(ctx, rows, runs)``: draw the figures under ``ctx.figures``.
+    shown : Sequence[str]
+        The columns of a row that its progress line shows.
+    describe : callable or None
+        ``describe(row, result) -> str``: a progress message of its own instead of
+        ``shown`` (for what the row does not hold).
     perform : callable
         ``perform(ctx, cell) -> result``: run one configuration (default: its federation,
         through the cache).
@@ -106,9 +109,21 @@ class Experiment:
     columns: Sequence[str]
     grid: Callable[[Context], list[Cell]]
     measure: Callable[[Cell, Any], dict[str, Any]]
-    describe: Callable[[dict[str, Any], Any], str]
     figures: Callable[[Context, list[dict[str, str]], list[Run]], None] = _no_figures
+    shown: Sequence[str] = ()
+    describe: Callable[[dict[str, Any], Any], str] | None = None
     perform: Callable[[Context, Cell], Any] = field(default=_perform_federation)
+
+    def message(self, row: dict[str, Any], result: Any) -> str:
+        """Return the progress message of a finished configuration."""
+        if self.describe is not None:
+            return self.describe(row, result)
+        return ", ".join(f"{column.replace('_', ' ')} {_show(row.get(column))}"
+                         for column in self.shown)
+
+
+def _show(value: Any) -> str:
+    return fmt(value) if isinstance(value, float) else "-" if value is None else str(value)
 
 
 def run(experiment: Experiment, ctx: Context) -> list[dict[str, Any]]:
@@ -130,7 +145,7 @@ def run(experiment: Experiment, ctx: Context) -> list[dict[str, Any]]:
             runs.append((cell, result))
             cached = isinstance(result, Mapping) and result.get("_cached")
             progress.step(cell.label,
-                          experiment.describe(row, result) + (" [cached]" if cached else ""))
+                          experiment.message(row, result) + (" [cached]" if cached else ""))
     path = write_csv(ctx.out / "results.csv", rows, experiment.columns)
     experiment.figures(ctx, read_csv(path), runs)
     return rows

@@ -137,16 +137,8 @@ def measure(cell: Cell, timed: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(row: dict[str, Any], timed: dict[str, Any]) -> str:
-    """Say speed and memory (the progress message)."""
-    del timed
-    return (f"{fmt(row['rounds_per_minute'])} rounds/min, peak RSS {row['peak_rss_mb']:.0f} MiB "
-            f"over {row['peak_processes']} processes, wall {row['wall_s']:.0f} s")
-
-
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
     """Memory over time."""
-    del rows
     plot({cell.keys["users"]: timed["monitor"].samples for cell, timed in runs},
          ctx.figures / "scale_memory.png")
 
@@ -177,4 +169,6 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe, figures, perform)
+EXPERIMENT = Experiment(
+    NAME, COLUMNS, grid, measure, figures, perform=perform,
+    shown=("rounds_per_minute", "peak_rss_mb", "peak_processes", "wall_s"))

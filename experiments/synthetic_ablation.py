@@ -33,7 +33,7 @@ import numpy as np
 from experiments.common import Context, FederationSpec
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import fmt, mean_pm_std, spends_of
+from experiments.tables import mean_pm_std, spends_of
 
 NAME = "synthetic-ablation"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
@@ -128,15 +128,8 @@ def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def describe(row: dict[str, Any], summary: dict[str, Any]) -> str:
-    """Say how far the hypotheses are from the optima (the progress message)."""
-    return (f"distance to the optima {fmt(row['dist_opt1'])} / {fmt(row['dist_opt2'])}, "
-            f"best val loss {fmt(summary['best_val_loss'])} (round {summary['best_round']})")
-
-
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
     """Figures 1 and 2 of the first seed's runs, and the loss curves of every run."""
-    del rows
     summaries = {(cell.keys["method"], cell.keys["seed"]): summary for cell, summary in runs}
     first = runs[0][0].keys["seed"]
     plot_figure1({m: summaries[m, first] for m in METHODS if (m, first) in summaries},
@@ -150,14 +143,12 @@ def plot_figure1(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
     fig, axes = pyplot().subplots(2, len(summaries), figsize=(5 * len(summaries), 8.5))
     for col, (method, summary) in enumerate(summaries.items()):
         ax = axes[0, col]
-        points, rounds = [], []
-        for entry in summary["history"]:
-            for vec in entry.get("released") or []:
-                points.append(vec)
-                rounds.append(entry["round"])
-        if points:
-            pts = np.asarray(points)
-            sc = ax.scatter(pts[:, 0], pts[:, 1], c=rounds, cmap="viridis", s=6, alpha=0.5)
+        released = [(vec, e["round"])
+                    for e in summary["history"] for vec in e.get("released") or []]
+        if released:
+            pts = np.asarray([vec for vec, _ in released])
+            sc = ax.scatter(pts[:, 0], pts[:, 1], c=[t for _, t in released], cmap="viridis", s=6,
+                            alpha=0.5)
             fig.colorbar(sc, ax=ax, label="round")
         hyp = np.asarray(summary["hypotheses"])
         ax.scatter(hyp[:, 0], hyp[:, 1], marker="X", s=140, c="red", label="final hypotheses")
@@ -263,4 +254,5 @@ def _span(rows: list[dict[str, str]], key: str) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe, figures)
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
+                        shown=("dist_opt1", "dist_opt2", "best_val_loss", "best_round"))
