@@ -32,10 +32,8 @@ true class's row of ∂ℓ/∂W sums to a negative number; the server takes the 
 ĝ) and then optimizes the image alone with that one-hot label; this converges several times
 faster and is never worse here. ``"dlg"`` optimizes a soft label jointly, as in Zhu et al.
 
-The audit that runs it over ν and seeds, and scores the reconstructions, is
-`experiments.dlg_audit`. ``quick`` runs one L-BFGS start of at most 200 function evaluations
-per attack; full mode keeps the best (by matching loss, which the server can see) of 3 starts
-of at most 1,000 evaluations.
+`experiments.dlg_audit` runs it over ν and seeds and scores the reconstructions. The server's
+effort per attack is :data:`QUICK` (one L-BFGS start) or :data:`FULL` (the best of three).
 
 Reproducible: the victim image, the weights, the noise and the dummy starts are all derived
 from ``seed`` (the noise also from ν, so adding a ν to the list leaves the other rows as they

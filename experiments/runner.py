@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -112,7 +112,7 @@ class Experiment:
     figures: Callable[[Context, list[dict[str, str]], list[Run]], None] = _no_figures
     shown: Sequence[str] = ()
     describe: Callable[[dict[str, Any], Any], str] | None = None
-    perform: Callable[[Context, Cell], Any] = field(default=_perform_federation)
+    perform: Callable[[Context, Cell], Any] = _perform_federation
 
     def message(self, row: dict[str, Any], result: Any) -> str:
         """Return the progress message of a finished configuration."""
