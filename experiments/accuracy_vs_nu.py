@@ -84,7 +84,7 @@ def digits_config(nu: float, k: int, seed: int, profile: str) -> dict[str, Any]:
     return config
 
 
-def grid(profile: str, seeds: list[int]) -> list[tuple[float, int, int, FederationSpec]]:
+def specs(profile: str, seeds: list[int]) -> list[tuple[float, int, int, FederationSpec]]:
     """(ν, k, seed, federation) of the profile, seeds outermost."""
     p = PROFILES[profile]
     out = []
@@ -97,11 +97,11 @@ def grid(profile: str, seeds: list[int]) -> list[tuple[float, int, int, Federati
     return out
 
 
-def cells(ctx: Context) -> list[Cell]:
+def grid(ctx: Context) -> list[Cell]:
     """List the cells of the context's profile and seeds."""
     seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
     return [Cell.of(spec, nu=nu, k=k, seed=seed)
-            for nu, k, seed, spec in grid(ctx.profile, seeds)]
+            for nu, k, seed, spec in specs(ctx.profile, seeds)]
 
 
 def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
@@ -213,5 +213,5 @@ def mean_accuracy(rows: list[dict[str, str]], nu: float, k: int) -> float:
     return sum(vals) / len(vals) if vals else math.nan
 
 
-EXPERIMENT = Experiment(NAME, COLUMNS, cells, measure, figures,
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("accuracy", "best_round", "rounds"))

@@ -144,7 +144,7 @@ def test_profiles_follow_the_papers_where_asked() -> None:
     full = accuracy_vs_nu.PROFILES["full"]
     assert full["nus"] == [0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 15.0]
     assert full["seeds"] == [0, 1, 2] and full["ks"] == [1, 2]
-    grid = accuracy_vs_nu.grid("full", [0])
+    grid = accuracy_vs_nu.specs("full", [0])
     assert {spec.run_config["mechanism"] for nu, _, _, spec in grid if nu == 0} == {"none"}
     methods = {m: spec.run_config for m, _, spec in synthetic_ablation.specs("full", [0])}
     assert methods["ours"]["noise-multiplier"] == 5.0 and methods["ours"]["num-hypotheses"] == 2
