@@ -237,7 +237,11 @@ def experiment_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
     a rerun gives the same numbers. A real device would never opt in to seeded noise.
     """
     seed = int(run_config.get("seed", 0))
+    # The data file belongs to the device; in a simulation every virtual device reads its
+    # partition of the one file the server validates on.
+    data = {"data-path": run_config["server-data-path"]} if "server-data-path" in run_config else {}
     return {
+        **data,
         "mechanisms": "laplace,gaussian,sign,none",
         "noise-multiplier": 1e-9, "d-epsilon": 1e12, "public-radius": 1e-12, "epsilon": 1e12,
         "delta": float(run_config.get("delta", 1e-5)),

@@ -59,7 +59,7 @@ def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]
         for k in p["ks"]:
             for nu in p["nus"]:
                 config: dict[str, Any] = {
-                    "task": "hospital", "data-path": str(Path(ctx.data_path).resolve()),
+                    "task": "hospital", "server-data-path": str(Path(ctx.data_path).resolve()),
                     "validation-users": 200, "num-hypotheses": k,
                     "clients-per-round": min(100, users), "local-epochs": 1,
                     "learning-rate": 0.05, "batch-size": 10, "num-rounds": p["num-rounds"],
