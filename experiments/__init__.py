@@ -1,1 +1,16 @@
-"""gpfl: experiments."""
+"""gpfl's experiments: the papers' reproductions, audits and benchmarks (``python -m experiments``).
+
+Each experiment module declares an `experiments.runner.Experiment`: its grid of
+configurations, the measurement that turns a finished one into a ``results.csv`` row, its
+figures, and a ``table`` that `experiments.report` quotes. `experiments.runner.run` does the
+rest the same way for all of them.
+
+* ``runner.py``: the loop, the progress lines, ``results.csv``;
+* ``common.py``: the context an experiment runs in and the cache of federations;
+* ``tables.py`` and ``figures.py``: reading runs and rows, drawing;
+* ``cli.py``, ``report.py`` (with its prose in ``report_text.py``): the commands;
+* ``synthetic_ablation``, ``accuracy_vs_nu``, ``leakage``, ``fairness``,
+  ``personalized_budgets``, ``dlg_audit`` (the attack itself in ``dlg``), ``scale``: the
+  experiments;
+* ``bench_*`` and ``budget_aggregation``: stand-alone scripts with their own command lines.
+"""

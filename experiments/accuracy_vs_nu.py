@@ -24,21 +24,14 @@ accuracy of one round.
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (
-    Context,
-    FederationSpec,
-    Progress,
-    best_entry,
-    fmt,
-    mean_std,
-    plt_module,
-    read_csv,
-    spends_of,
-    write_csv,
-)
+from experiments.common import Context, FederationSpec, laplace_or_none
+from experiments.figures import decorate, pyplot, save
+from experiments.runner import Cell, Experiment, Run
+from experiments.tables import best_entry, mean_std, spends_of
 
 NAME = "accuracy-vs-nu"
 COLUMNS = ("nu", "k", "seed", "accuracy", "mean_accuracy", "val_loss", "best_round", "rounds",
@@ -86,16 +79,12 @@ def digits_config(nu: float, k: int, seed: int, profile: str) -> dict[str, Any]:
         "seed": seed,
         "data-seed": 0,
         "server-device": "cpu",
+        **laplace_or_none(nu, calibration="neighbourhood"),
     }
-    if nu == 0:
-        config["mechanism"] = "none"
-    else:
-        config.update({"mechanism": "laplace", "calibration": "neighbourhood",
-                       "noise-multiplier": float(nu)})
     return config
 
 
-def grid(profile: str, seeds: list[int]) -> list[tuple[float, int, int, FederationSpec]]:
+def specs(profile: str, seeds: list[int]) -> list[tuple[float, int, int, FederationSpec]]:
     """(ν, k, seed, federation) of the profile, seeds outermost."""
     p = PROFILES[profile]
     out = []
@@ -108,25 +97,29 @@ def grid(profile: str, seeds: list[int]) -> list[tuple[float, int, int, Federati
     return out
 
 
-def row_of(nu: float, k: int, seed: int, summary: dict[str, Any]) -> dict[str, Any]:
+def grid(ctx: Context) -> list[Cell]:
+    """List the cells of the context's profile and seeds."""
+    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
+    return [Cell.of(spec, nu=nu, k=k, seed=seed)
+            for nu, k, seed, spec in specs(ctx.profile, seeds)]
+
+
+def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
     """One results.csv row from a finished run."""
+    nu = cell.keys["nu"]
     best = best_entry(summary)
     curve = [e["val_metrics"]["accuracy"] for e in summary["history"]
              if e["round"] > 0 and e.get("val_loss") is not None]
-    spends = spends_of(summary)
-    spends += [0.0] * max(0, USERS - len(spends))  # never sampled: nothing spent
-    spends.sort()
+    spends = spends_of(summary, USERS)  # never sampled: nothing spent
     return {
-        "nu": nu,
-        "k": k,
-        "seed": seed,
+        **cell.keys,
         "accuracy": best["val_metrics"].get("accuracy"),
         "mean_accuracy": sum(curve) / len(curve) if curve else None,
         "val_loss": best["val_loss"],
         "best_round": best["round"],
         "rounds": summary["rounds_completed"],
         "stopped_early": int(bool(summary["stopped_early"])),
-        "median_spend": _median(spends) if nu > 0 else None,
+        "median_spend": statistics.median(spends) if nu > 0 else None,
         "max_spend": max(spends) if nu > 0 and spends else None,
         # Rounds whose releases went to two or more hypotheses: 0 for k = 2 means the users
         # never split (every client kept choosing one hypothesis: IFCA's collapse).
@@ -136,51 +129,27 @@ def row_of(nu: float, k: int, seed: int, summary: dict[str, Any]) -> dict[str, A
     }
 
 
-def _median(values: list[float]) -> float:
-    n = len(values)
-    return values[n // 2] if n % 2 else 0.5 * (values[n // 2 - 1] + values[n // 2])
-
-
-def run(ctx: Context) -> list[dict[str, Any]]:
-    """Run the grid; write results.csv and the figure."""
-    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
-    todo = grid(ctx.profile, seeds)
-    progress = Progress(NAME, len(todo), ctx.stream)
-    rows = []
-    curves: dict[tuple[float, int], list[tuple[int, float]]] = {}
-    for nu, k, seed, spec in todo:
-        summary = ctx.run(spec)
-        row = row_of(nu, k, seed, summary)
-        rows.append(row)
-        if seed == seeds[0]:
-            curves[nu, k] = [(e["round"], e["val_metrics"]["accuracy"])
-                             for e in summary["history"] if e.get("val_loss") is not None]
-        progress.step(spec.label, f"accuracy {fmt(row['accuracy'])} (round {row['best_round']} "
-                                  f"of {row['rounds']})"
-                      + (" [cached]" if summary.get("_cached") else ""))
-    write_csv(ctx.out / "results.csv", rows, COLUMNS)
-    plot(read_csv(ctx.out / "results.csv"), ctx.figures / "accuracy_vs_nu.png")
-    plot_curves(curves, seeds[0], ctx.figures / "learning_curves.png")
-    return rows
+def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
+    """Accuracy versus ν, and the learning curves of the first seed."""
+    first = runs[0][0].keys["seed"]
+    curves = {(cell.keys["nu"], cell.keys["k"]):
+              [(e["round"], e["val_metrics"]["accuracy"])
+               for e in summary["history"] if e.get("val_loss") is not None]
+              for cell, summary in runs if cell.keys["seed"] == first}
+    plot(rows, ctx.figures / "accuracy_vs_nu.png")
+    plot_curves(curves, first, ctx.figures / "learning_curves.png")
 
 
 def plot_curves(curves: dict[tuple[float, int], list[tuple[int, float]]], seed: int,
                 path: Path) -> Path:
     """Plot the validation accuracy per round of every (ν, k) for one seed."""
-    plt = plt_module()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for (nu, k), points in sorted(curves.items()):
         ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2,
                 ls="-" if k == 2 else "--", label=f"ν = {nu:g}, k = {k}")
-    ax.set_xlabel("round")
-    ax.set_ylabel("validation accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title(f"Digits: learning curves (seed {seed})")
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    decorate(ax, xlabel="round", ylabel="validation accuracy", ylim=(0, 1),
+             title=f"Digits: learning curves (seed {seed})", legend={"fontsize": 7, "ncol": 2})
+    return save(fig, path)
 
 
 def aggregate(rows: list[dict[str, str]]) -> dict[tuple[float, int], tuple[float, float, int]]:
@@ -193,9 +162,8 @@ def aggregate(rows: list[dict[str, str]]) -> dict[tuple[float, int], tuple[float
 
 def plot(rows: list[dict[str, str]], path: Path) -> Path:
     """Accuracy (mean ± std over seeds) versus ν for each k, with the paper's FEMNIST values."""
-    plt = plt_module()
     agg = aggregate(rows)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     # ν = 0 has no place on a log axis: drawn at a tenth of the smallest positive ν.
     positive = sorted({nu for nu, _ in agg if nu > 0} | {nu for nu in PAPER_TABLE2 if nu > 0})
     zero_at = positive[0] / 10 if positive else 1e-4
@@ -211,16 +179,10 @@ def plot(rows: list[dict[str, str]], path: Path) -> Path:
     ax.errorbar([x(nu) for nu, _ in paper], [v[0] for _, v in paper],
                 yerr=[v[1] for _, v in paper], marker="s", ls="--", color="grey", capsize=3,
                 label="001 Table 2 (FEMNIST, cross-entropy)")
-    ax.set_xscale("log")
-    ax.set_xlabel(f"noise multiplier ν (ν = 0, no noise, drawn at {zero_at:g})")
-    ax.set_ylabel("validation accuracy")
-    ax.set_ylim(0, 1)
-    ax.set_title("Accuracy versus ν (001 Table 2 analogue)")
-    ax.legend(fontsize=8, loc="lower left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    decorate(ax, xlabel=f"noise multiplier ν (ν = 0, no noise, drawn at {zero_at:g})",
+             ylabel="validation accuracy", title="Accuracy versus ν (001 Table 2 analogue)",
+             xscale="log", ylim=(0, 1), legend={"fontsize": 8, "loc": "lower left"})
+    return save(fig, path)
 
 
 def table(rows: list[dict[str, str]]) -> list[str]:
@@ -249,3 +211,7 @@ def mean_accuracy(rows: list[dict[str, str]], nu: float, k: int) -> float:
     """Mean accuracy over seeds of one cell (NaN if absent)."""
     vals = [float(r["accuracy"]) for r in rows if float(r["nu"]) == nu and int(r["k"]) == k]
     return sum(vals) / len(vals) if vals else math.nan
+
+
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
+                        shown=("accuracy", "best_round", "rounds"))

@@ -16,13 +16,14 @@ import argparse
 import importlib
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from experiments.common import DEFAULT_CACHE, DEFAULT_ROOT, PROFILES, Context
+from experiments.runner import Experiment, run
 
-#: Experiment name -> module (each has ``NAME`` and ``run(ctx)``), in the order ``all`` runs them.
+#: Experiment name -> module (each declares ``EXPERIMENT``, an `experiments.runner.Experiment`),
+#: in the order ``all`` runs them.
 EXPERIMENTS: dict[str, str] = {
     "synthetic-ablation": "experiments.synthetic_ablation",
     "accuracy-vs-nu": "experiments.accuracy_vs_nu",
@@ -70,14 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
                    seeds: list[int] | None = None, fresh: bool = False, data_path: str = "",
-                   timeout: float = 3600.0, stream: Any = None) -> list[dict[str, Any]]:
+                   timeout: float = 3600.0, stream: TextIO | None = None) -> list[dict[str, Any]]:
     """Run one experiment and write its outputs; return its rows."""
-    module = importlib.import_module(EXPERIMENTS[name])
+    experiment: Experiment = importlib.import_module(EXPERIMENTS[name]).EXPERIMENT
     ctx = Context(name=name, out=out, cache=cache, profile=profile, seeds=seeds, fresh=fresh,
                   data_path=data_path, timeout=timeout, stream=stream)
     started = time.monotonic()
-    run: Callable[[Context], list[dict[str, Any]]] = module.run
-    rows = run(ctx)
+    rows = run(experiment, ctx)
     ctx.write_meta(started, {"rows": len(rows)})
     print(f"{name}: {len(rows)} rows in {out / 'results.csv'}, figures in {out / 'figures'} "
           f"({time.monotonic() - started:.0f} s; {ctx.launched} federations run, "

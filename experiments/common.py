@@ -1,8 +1,9 @@
-"""What every experiment shares: profiles, a cache of federation runs, progress, CSV and figures.
+"""What every experiment shares: profiles, the context it runs in and a cache of federations.
 
-An experiment is a list of federations (`FederationSpec`: a run config and a number of virtual
-SuperNodes) run one at a time on Flower's Simulation Engine through `server.launcher.launch`,
-plus the code that turns their ``summary.json`` files into ``results.csv`` and figures.
+An experiment's configurations are mostly federations (`FederationSpec`: a run config and a
+number of virtual SuperNodes) run one at a time on Flower's Simulation Engine through
+`server.launcher.launch`; `experiments.runner` runs the grid, `experiments.tables` turns the
+``summary.json`` files into ``results.csv``.
 
 Runs are cached by content: the run directory of a spec is ``<cache>/<slug>-<hash>`` where the
 hash covers the run config and the SuperNode count, and a finished run leaves ``done.json``
@@ -13,21 +14,16 @@ interrupted sweep resumes where it stopped. ``--fresh`` ignores the cache.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
-import math
 import os
-import statistics
+import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import psutil
+from typing import Any, TextIO
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -35,15 +31,9 @@ __all__ = [
     "PROFILES",
     "Context",
     "FederationSpec",
-    "MemoryMonitor",
-    "Progress",
-    "best_entry",
+    "compact_summary",
     "experiment_policy",
-    "fmt",
-    "last_entry",
-    "mean_std",
-    "read_csv",
-    "write_csv",
+    "laplace_or_none",
 ]
 
 #: Where ``python -m experiments NAME`` writes by default: ``runs/experiments/<name>``.
@@ -91,53 +81,6 @@ class FederationSpec:
         return "-".join(part for part in keep.split("-") if part)[:80]
 
 
-class Progress:
-    """A progress bar of one line per finished configuration.
-
-    Parameters
-    ----------
-    name : str
-        The experiment's name, printed on every line.
-    total : int
-        Configurations to run.
-    stream : file-like
-        Where the lines go (stdout).
-    """
-
-    def __init__(self, name: str, total: int, stream: Any = None) -> None:
-        self.name = name
-        self.total = max(total, 1)
-        self.count = 0
-        self.start = time.monotonic()
-        self.stream = stream if stream is not None else sys.stdout
-
-    def step(self, label: str, message: str) -> None:
-        """Count one configuration as finished and print its line."""
-        self.count += 1
-        elapsed = time.monotonic() - self.start
-        width = 20
-        filled = round(width * self.count / self.total)
-        eta = elapsed / self.count * (self.total - self.count)
-        line = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.count}/{self.total} {self.name} "
-            f"{label}: {message} ({_duration(elapsed)} elapsed"
-            + (f", ~{_duration(eta)} left)" if self.count < self.total else ")")
-        )
-        print(line, file=self.stream, flush=True)
-
-    def note(self, message: str) -> None:
-        """Print a line that does not count as a configuration."""
-        print(f"{self.name}: {message}", file=self.stream, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 @dataclass
 class Context:
     """Where an experiment writes, which settings it uses and how it reports.
@@ -160,6 +103,8 @@ class Context:
         A data file for the experiments that take one (``leakage``: the hospital CSV).
     timeout : float
         Seconds a single federation may run.
+    stream : file-like or None
+        Where progress lines go (standard output when None).
     """
 
     name: str
@@ -170,7 +115,7 @@ class Context:
     fresh: bool = False
     data_path: str = ""
     timeout: float = 3600.0
-    stream: Any = None
+    stream: TextIO | None = None
     launched: int = field(default=0, init=False)
     reused: int = field(default=0, init=False)
 
@@ -208,10 +153,8 @@ class Context:
     def run(self, spec: FederationSpec) -> dict[str, Any]:
         """Run one federation, or reuse its cached result; return its summary.
 
-        Raises
-        ------
-        server.launcher.LaunchError
-            If the federation fails (its logs stay in the run directory).
+        A launched run is kept (compacted) with a ``done.json`` marker; it raises what
+        `launch` raises.
         """
         directory = self.run_dir(spec)
         done = directory / "done.json"
@@ -223,34 +166,49 @@ class Context:
             summary["_run_dir"] = str(directory)
             summary["_cached"] = True
             return summary
+        started = time.monotonic()
+        full = self.launch(spec)
+        wall = time.monotonic() - started
+        summary = compact_summary(full)
+        _write_json(summary_path, summary)
+        # Written last: a run directory without it is an interrupted run, launched again.
+        _write_json(done, {"label": spec.label, "supernodes": spec.supernodes,
+                           "run_config": dict(spec.run_config), "wall_s": wall,
+                           "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        summary["_run_dir"] = str(directory)
+        summary["_cached"] = False
+        summary["_wall_s"] = wall
+        return summary
+
+    def launch(self, spec: FederationSpec, echo: Callable[[str], None] | None = None
+               ) -> dict[str, Any]:
+        """Launch one federation in a fresh run directory, past the cache; return its summary.
+
+        ``echo`` gets every line the federation prints (default: `log`).
+
+        Raises
+        ------
+        server.launcher.LaunchError
+            If the federation fails (its logs stay in the run directory).
+        """
         from server.launcher import launch  # Flower is imported only when a run is needed
 
+        directory = self.run_dir(spec)
         if directory.exists():
-            import shutil
-
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
         self.log(f"--- {self.name} {spec.label}: {directory}")
-        started = time.monotonic()
         result = launch(
             supernodes=spec.supernodes,
             simulation=True,
             run_config=dict(spec.run_config),
             policy=experiment_policy(spec.run_config),
             out_dir=directory,
-            echo=self.log,
+            echo=echo or self.log,
             timeout=self.timeout,
         )
-        wall = time.monotonic() - started
-        summary = compact_summary(result.summary)
-        _write_json(summary_path, summary)
-        _write_json(done, {"label": spec.label, "supernodes": spec.supernodes,
-                           "run_config": dict(spec.run_config), "wall_s": wall,
-                           "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         self.launched += 1
-        summary["_run_dir"] = str(directory)
-        summary["_cached"] = False
-        summary["_wall_s"] = wall
+        summary: dict[str, Any] = result.summary
         return summary
 
     def write_meta(self, started: float, extra: Mapping[str, Any] | None = None) -> None:
@@ -279,7 +237,11 @@ def experiment_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
     a rerun gives the same numbers. A real device would never opt in to seeded noise.
     """
     seed = int(run_config.get("seed", 0))
+    # The data file belongs to the device; in a simulation every virtual device reads its
+    # partition of the one file the server validates on.
+    data = {"data-path": run_config["server-data-path"]} if "server-data-path" in run_config else {}
     return {
+        **data,
         "mechanisms": "laplace,gaussian,sign,none",
         "noise-multiplier": 1e-9, "d-epsilon": 1e12, "public-radius": 1e-12, "epsilon": 1e12,
         "delta": float(run_config.get("delta", 1e-5)),
@@ -314,150 +276,13 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-def _validated(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    history = [e for e in summary.get("history", []) if e.get("val_loss") is not None]
-    if not history:
-        raise ValueError("the run has no validated round")
-    return history
+def laplace_or_none(nu: float, **extra: Any) -> dict[str, Any]:
+    """Return the mechanism part of a run config: Euclidean Laplace at ν, none for ν = 0.
 
-
-def best_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the history entry of the best validation round (what the run delivers).
-
-    Falls back on the last validated round when ``best_round`` is missing.
+    ν = 0 stands for "no sanitization" in the papers' tables; ``extra`` (a calibration) goes
+    with the Laplace mechanism only, so that the ν = 0 run config, and its cache key, hold
+    no setting that the run would not use.
     """
-    best = summary.get("best_round")
-    for entry in _validated(summary):
-        if entry["round"] == best:
-            return dict(entry)
-    return last_entry(summary)
-
-
-def last_entry(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """Return the history entry of the last validated round (the final model)."""
-    return dict(_validated(summary)[-1])
-
-
-def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> Path:
-    """Write ``rows`` with a header row of ``columns`` (extra keys are an error)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for row in rows:
-        extra = sorted(set(row) - set(columns))
-        if extra:
-            raise ValueError(f"row has keys that are not columns of {path.name}: {extra}")
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="raise")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in columns})
-    os.replace(tmp, path)
-    return path
-
-
-def _cell(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        return f"{value:.6g}"
-    return value
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    """Read a ``results.csv`` back as a list of dicts of strings."""
-    with open(path, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
-
-
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value) of the finite values; NaN if none."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not finite:
-        return math.nan, math.nan
-    if len(finite) == 1:
-        return finite[0], 0.0
-    return statistics.fmean(finite), statistics.stdev(finite)
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    """Format a number for a table: ``-`` for None/NaN, else ``digits`` significant digits."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float) and math.isinf(value):
-        return "∞"
-    return f"{value:.{digits}g}"
-
-
-class MemoryMonitor:
-    """Samples the RSS of this process and all its descendants; keeps the peak of the sum.
-
-    A context manager; sampling runs on a daemon thread every ``interval`` seconds.
-    ``samples`` holds ``(seconds since start, total RSS in bytes, processes)``.
-    """
-
-    def __init__(self, interval: float = 0.5) -> None:
-        self.interval = interval
-        self.samples: list[tuple[float, int, int]] = []
-        self.peak = 0
-        self.peak_processes = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._start = 0.0
-
-    def __enter__(self) -> MemoryMonitor:
-        self._start = time.monotonic()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def sample(self) -> int:
-        """Take one sample now; return the total RSS in bytes."""
-        root = psutil.Process()
-        total, count = 0, 0
-        for proc in [root, *root.children(recursive=True)]:
-            try:
-                total += proc.memory_info().rss
-                count += 1
-            except psutil.Error:
-                continue
-        self.samples.append((time.monotonic() - self._start, total, count))
-        if total > self.peak:
-            self.peak = total
-            self.peak_processes = count
-        return total
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            self.sample()
-            self._stop.wait(self.interval)
-
-
-def plt_module() -> Any:
-    """matplotlib.pyplot with the Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def spends_of(summary: Mapping[str, Any]) -> list[float]:
-    """Every client's total spend (clients that never released count with 0)."""
-    per_client = summary.get("privacy", {}).get("per_client", {})
-    return [float(c["spend"]) for c in per_client.values() if c.get("spend") is not None]
-
-
-def nan_if_none(value: Any) -> float:
-    """``float(value)``, NaN for None."""
-    return math.nan if value is None else float(value)
-
-
-ProgressFn = Callable[[str], None]
+    if nu == 0:
+        return {"mechanism": "none"}
+    return {"mechanism": "laplace", **extra, "noise-multiplier": float(nu)}

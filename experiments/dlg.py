@@ -1,6 +1,6 @@
-"""DLG audit: does the per-layer Euclidean Laplace release stop Deep Leakage from Gradients.
+"""The DLG attack: Deep Leakage from Gradients against one per-layer Laplace-sanitized update.
 
-The experiment of seeds/000 (Section 5.4, Fig. 5) and seeds/001 (Fig. 5, Table 2), on
+The attack of seeds/000 (Section 5.4, Fig. 5) and seeds/001 (Fig. 5, Table 2), on
 scikit-learn's bundled 8×8 digits. An honest-but-curious server sends a client the model θ;
 the client takes **one** SGD step on **one** image (batch size 1, learning rate s), so that
 θ_c = θ − s·∇ℓ(θ; x, y), and releases
@@ -32,27 +32,22 @@ true class's row of ∂ℓ/∂W sums to a negative number; the server takes the 
 ĝ) and then optimizes the image alone with that one-hot label; this converges several times
 faster and is never worse here. ``"dlg"`` optimizes a soft label jointly, as in Zhu et al.
 
-**Scores** of the reconstruction (clipped to the known pixel range [0, 1]) against the true
-image: MSE, PSNR with data range 1, and SSIM (Wang et al. 2004) by
-``skimage.metrics.structural_similarity`` with a 3×3 uniform window (``win_size=3``; the
-default 7 leaves only a 2×2 interior on 8×8 images), ``data_range=1``, K1 = 0.01, K2 = 0.03,
-averaged over the 6×6 interior. ``quick`` runs one L-BFGS start of at most 200 function
-evaluations per attack; full mode keeps the best (by matching loss, which the server can
-see) of 3 starts of at most 1,000 evaluations.
+`experiments.dlg_audit` runs it over ν and seeds and scores the reconstructions. The server's
+effort per attack is :data:`QUICK` (one L-BFGS start) or :data:`FULL` (the best of three).
 
 Reproducible: the victim image, the weights, the noise and the dummy starts are all derived
 from ``seed`` (the noise also from ν, so adding a ν to the list leaves the other rows as they
-were). torch runs on one thread for the duration of the audit.
+were). torch runs on one thread during an attack (:func:`one_thread`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -63,28 +58,16 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = [
-    "FULL_SEEDS",
-    "QUICK_NUS",
-    "ROW_KEYS",
-    "SSIM_WIN_SIZE",
+    "LABEL_ATTACKS",
+    "Attack",
     "AttackSettings",
+    "attack",
     "dlg_attack",
     "dlg_lenet",
     "idlg_label",
-    "mse",
-    "psnr",
-    "run_dlg_audit",
-    "ssim",
+    "one_thread",
 ]
 
-#: The keys of every row that :func:`run_dlg_audit` returns, in order.
-ROW_KEYS = ("nu", "seed", "mse", "psnr", "ssim", "epsilon_per_layer_sum")
-#: The paper's noise multipliers (ν = 0, the un-noised baseline, is added by the audit).
-QUICK_NUS = (0.001, 0.01, 0.1, 1.0, 10.0)
-#: Seeds of the full audit.
-FULL_SEEDS = (0, 1, 2, 3, 4)
-#: SSIM window side for 8×8 images.
-SSIM_WIN_SIZE = 3
 #: Local learning rate s of the client's single SGD step (public: the server divides by it).
 LEARNING_RATE = 0.1
 NUM_CLASSES = 10
@@ -115,52 +98,6 @@ class AttackSettings:
 
 QUICK = AttackSettings(restarts=1, max_evals=200)
 FULL = AttackSettings(restarts=3, max_evals=1000)
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def _pair(true: np.ndarray, reconstruction: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    a = np.asarray(true, dtype=np.float64)
-    b = np.asarray(reconstruction, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"images must have the same shape, got {a.shape} and {b.shape}")
-    return a, b
-
-
-def mse(true: np.ndarray, reconstruction: np.ndarray) -> float:
-    """Mean squared error between two images of the same shape (float64)."""
-    a, b = _pair(true, reconstruction)
-    return float(np.mean((a - b) ** 2))
-
-
-def psnr(true: np.ndarray, reconstruction: np.ndarray, *, data_range: float = 1.0) -> float:
-    """Peak signal-to-noise ratio in dB, 10·log10(data_range² / MSE); ``inf`` when MSE = 0."""
-    error = mse(true, reconstruction)
-    if error == 0.0:
-        return math.inf
-    return 10.0 * math.log10(data_range**2 / error)
-
-
-def ssim(
-    true: np.ndarray,
-    reconstruction: np.ndarray,
-    *,
-    data_range: float = 1.0,
-    win_size: int = SSIM_WIN_SIZE,
-) -> float:
-    """Mean structural similarity (Wang et al. 2004) of two 2-D images.
-
-    ``skimage.metrics.structural_similarity`` with a ``win_size``×``win_size`` uniform window,
-    K1 = 0.01, K2 = 0.03 and the given ``data_range``; the mean is taken over the pixels whose
-    window lies inside the image.
-    """
-    from skimage.metrics import structural_similarity
-
-    a, b = _pair(true, reconstruction)
-    if a.ndim != 2:
-        raise ValueError(f"ssim expects 2-D images, got shape {a.shape}")
-    return float(structural_similarity(a, b, win_size=win_size, data_range=data_range))
 
 
 # --------------------------------------------------------------------------- victim
@@ -350,28 +287,7 @@ def _one_start(
     optimizer.step(closure)
 
 
-# --------------------------------------------------------------------------- audit
-
-
-def _check_inputs(nus: Sequence[float], seeds: Sequence[int]) -> tuple[list[float], list[int]]:
-    checked_nus = []
-    for nu in nus:
-        value = float(nu)
-        if not (value >= 0.0 and math.isfinite(value)):
-            raise ValueError(f"every nu must be non-negative and finite, got nu={nu!r}")
-        if value not in checked_nus:
-            checked_nus.append(value)
-    if not seeds:
-        raise ValueError("seeds must not be empty, got seeds=[]")
-    checked_seeds = []
-    for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"every seed must be a non-negative integer, got seed={seed!r}")
-        if int(seed) not in checked_seeds:
-            checked_seeds.append(int(seed))
-    if 0.0 not in checked_nus:
-        checked_nus.insert(0, 0.0)  # the un-noised baseline, where DLG must succeed
-    return checked_nus, checked_seeds
+# --------------------------------------------------------------------------- one attack
 
 
 def _release(
@@ -386,135 +302,97 @@ def _release(
     return mechanism.sanitize(theta, theta_c, rng=rng), cost
 
 
-def run_dlg_audit(
-    nus: list[float],
-    seeds: list[int],
-    out_dir: Path,
-    quick: bool = False,
-    progress: Callable[[str], None] = print,
-    *,
-    label_attack: str = "idlg",
-    learning_rate: float = LEARNING_RATE,
-) -> list[dict[str, Any]]:
-    """Attack one client's sanitized update with DLG for every (seed, ν) and score the result.
+@dataclass(frozen=True)
+class Victim:
+    """One client's training step: its image and label, the model θ and its update θ_c."""
+
+    image: np.ndarray
+    label: int
+    net: nn.Module
+    theta: list[np.ndarray]
+    theta_c: list[np.ndarray]
+
+
+def victim(seed: int, learning_rate: float = LEARNING_RATE) -> Victim:
+    """Make the client of ``seed``: one SGD step of size ``learning_rate`` on one image."""
+    import torch
+
+    image, label = _victim(seed)
+    net = dlg_lenet()
+    _init_uniform(net, seed)
+    x = torch.from_numpy(image).reshape(1, 1, IMAGE_SIDE, IMAGE_SIDE)
+    y = torch.nn.functional.one_hot(torch.tensor([label]), NUM_CLASSES).to(torch.float64)
+    grads = _gradients(net, x, y, create_graph=False)
+    theta = [p.detach().numpy().copy() for p in net.parameters()]
+    theta_c = [t - learning_rate * g.numpy() for t, g in zip(theta, grads, strict=True)]
+    return Victim(image, label, net, theta, theta_c)
+
+
+@dataclass(frozen=True)
+class Attack:
+    """What one attack gives: the reconstruction next to the truth, and what it cost to get.
+
+    Attributes
+    ----------
+    reconstruction : numpy.ndarray
+        The dummy image with the smallest matching loss, clipped to the pixel range [0, 1].
+    truth : numpy.ndarray
+        The client's image.
+    cost : float
+        The release's cost Σ_l n_l/ν (``inf`` for ν = 0: no mechanism).
+    note : str
+        The label read, the matching loss and the time taken, for a progress line.
+    """
+
+    reconstruction: np.ndarray
+    truth: np.ndarray
+    cost: float
+    note: str
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread: reductions in a fixed order, and the machine is shared."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def attack(seed: int, nu: float, *, quick: bool = False, label_attack: str = "idlg",
+           learning_rate: float = LEARNING_RATE) -> Attack:
+    """Attack the release of seed's client at ν with DLG.
 
     Parameters
     ----------
-    nus : list of float
-        Noise multipliers ν >= 0 (repeats are dropped). ν = 0 (no mechanism: the raw θ_c is
-        released) is the sanity baseline; it is added in front when missing.
-    seeds : list of int
-        Non-negative seeds (repeats are dropped); each picks the victim image, the weights,
-        the noise and the dummy starts.
-    out_dir : pathlib.Path
-        The figure goes to ``out_dir/figures/dlg_reconstructions.png``.
+    seed : int
+        Picks the victim image, the weights, the noise and the dummy starts.
+    nu : float
+        The noise multiplier; 0 releases θ_c as it is (the baseline where DLG must succeed).
     quick : bool
-        One L-BFGS start of at most 200 evaluations per attack (:data:`QUICK`) instead of
-        the best of 3 starts of at most 1,000 (:data:`FULL`).
-    progress : callable
-        Called with one line per attack.
+        :data:`QUICK` effort instead of :data:`FULL`.
     label_attack : {"idlg", "dlg"}
         How the server gets the label (see the module notes).
     learning_rate : float
         The client's step size s (public).
 
-    Returns
-    -------
-    list of dict
-        One row per (seed, ν), seeds outer, with the keys :data:`ROW_KEYS`: ``nu``,
-        ``seed``, ``mse``, ``psnr`` (dB, ``inf`` for a perfect match), ``ssim`` and
-        ``epsilon_per_layer_sum`` (Σ_l n_l/ν, ``inf`` for ν = 0).
+    Call it inside :func:`one_thread` for numbers that do not depend on the machine.
     """
     import torch
 
-    if label_attack not in LABEL_ATTACKS:
-        raise ValueError(f"label_attack must be one of {LABEL_ATTACKS}, got {label_attack!r}")
-    if not (learning_rate > 0.0 and math.isfinite(learning_rate)):
-        raise ValueError(f"learning_rate must be positive and finite, got {learning_rate!r}")
-    all_nus, all_seeds = _check_inputs(nus, seeds)
-    settings = QUICK if quick else FULL
-    rows: list[dict[str, Any]] = []
-    images: dict[tuple[int, float], np.ndarray] = {}
-    truths: dict[int, np.ndarray] = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # deterministic reductions, and the machine is shared
-    try:
-        for seed in all_seeds:
-            image, label = _victim(seed)
-            truths[seed] = image
-            net = dlg_lenet()
-            _init_uniform(net, seed)
-            x = torch.from_numpy(image).reshape(1, 1, IMAGE_SIDE, IMAGE_SIDE)
-            y = torch.nn.functional.one_hot(torch.tensor([label]), NUM_CLASSES).to(torch.float64)
-            grads = _gradients(net, x, y, create_graph=False)
-            theta = [p.detach().numpy().copy() for p in net.parameters()]
-            theta_c = [t - learning_rate * g.numpy() for t, g in zip(theta, grads, strict=True)]
-            for nu in all_nus:
-                start = time.perf_counter()
-                released, cost = _release(theta, theta_c, nu, seed)
-                estimate = [
-                    torch.from_numpy((t - r) / learning_rate)
-                    for t, r in zip(theta, released, strict=True)
-                ]
-                guess = idlg_label(estimate[-2].numpy())
-                dummy, loss = dlg_attack(
-                    net,
-                    estimate,
-                    settings=settings,
-                    label=guess if label_attack == "idlg" else None,
-                    seed=seed,
-                )
-                reconstruction = np.clip(np.nan_to_num(dummy, nan=0.0), 0.0, 1.0)
-                images[seed, nu] = reconstruction
-                row = {
-                    "nu": nu,
-                    "seed": seed,
-                    "mse": mse(image, reconstruction),
-                    "psnr": psnr(image, reconstruction),
-                    "ssim": ssim(image, reconstruction),
-                    "epsilon_per_layer_sum": cost,
-                }
-                rows.append(row)
-                progress(
-                    f"dlg seed={seed} nu={nu:g}: mse={row['mse']:.3g} psnr={row['psnr']:.1f} dB "
-                    f"ssim={row['ssim']:.3f} (true label {label}, iDLG reads {guess}; "
-                    f"matching loss {loss:.3g}; {time.perf_counter() - start:.1f} s)"
-                )
-    finally:
-        torch.set_num_threads(threads)
-    _plot(truths, images, all_nus, out_dir / "figures" / "dlg_reconstructions.png")
-    return rows
-
-
-def _plot(
-    truths: dict[int, np.ndarray],
-    images: dict[tuple[int, float], np.ndarray],
-    nus: Sequence[float],
-    path: Path,
-) -> None:
-    """Grid: one row per seed; the true image, then the reconstruction for each ν."""
-    from matplotlib.figure import Figure
-
-    seeds = list(truths)
-    cols = 1 + len(nus)
-    fig = Figure(figsize=(1.25 * cols, 1.45 * len(seeds) + 0.4), layout="constrained")
-    axes = fig.subplots(len(seeds), cols, squeeze=False)
-    for r, seed in enumerate(seeds):
-        panels = [(truths[seed], "true", "")]
-        for nu in nus:
-            rec = images[seed, nu]
-            value = psnr(truths[seed], rec)
-            panels.append((rec, f"ν = {nu:g}", f"{value:.1f} dB"))
-        for c, (picture, title, note) in enumerate(panels):
-            ax = axes[r][c]
-            ax.imshow(picture, cmap="gray", vmin=0.0, vmax=1.0, interpolation="nearest")
-            ax.set_xticks([])
-            ax.set_yticks([])
-            if r == 0:
-                ax.set_title(title, fontsize=9)
-            if note:
-                ax.set_xlabel(note, fontsize=8)
-        axes[r][0].set_ylabel(f"seed {seed}", fontsize=9)
-    fig.suptitle("DLG against per-layer Euclidean Laplace (PSNR below)", fontsize=10)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=150)
+    start = time.perf_counter()
+    client = victim(seed, learning_rate)
+    released, cost = _release(client.theta, client.theta_c, nu, seed)
+    estimate = [torch.from_numpy((t - r) / learning_rate)
+                for t, r in zip(client.theta, released, strict=True)]
+    guess = idlg_label(estimate[-2].numpy())
+    dummy, loss = dlg_attack(client.net, estimate, settings=QUICK if quick else FULL,
+                             label=guess if label_attack == "idlg" else None, seed=seed)
+    reconstruction = np.clip(np.nan_to_num(dummy, nan=0.0), 0.0, 1.0)
+    note = (f"true label {client.label}, iDLG reads {guess}; matching loss {loss:.3g}; "
+            f"{time.perf_counter() - start:.1f} s")
+    return Attack(reconstruction, client.image, cost, note)

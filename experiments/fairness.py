@@ -29,17 +29,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (
-    Context,
-    FederationSpec,
-    Progress,
-    best_entry,
-    fmt,
-    mean_std,
-    plt_module,
-    read_csv,
-    write_csv,
-)
+from experiments.common import Context, FederationSpec, laplace_or_none
+from experiments.figures import decorate, pyplot, save
+from experiments.runner import Cell, Experiment, Run
+from experiments.tables import best_entry, mean_std
 
 NAME = "fairness"
 METRICS = ("equal-opportunity-difference", "equalized-odds-difference",
@@ -77,11 +70,7 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, float, int, int, Fe
             itertools.product(seeds, p["ks"], nus[d])]
     for dataset, seed, k, nu in todo:
         common: dict[str, Any] = {"num-hypotheses": k, "patience": 0, "eval-every": 1,
-                                  "seed": seed, "data-seed": 0}
-        if nu == 0:
-            common["mechanism"] = "none"  # the no-noise reference
-        else:
-            common.update({"mechanism": "laplace", "noise-multiplier": float(nu)})
+                                  "seed": seed, "data-seed": 0, **laplace_or_none(nu)}
         if dataset == "synthetic":
             config = {
                 "task": "fairness", "minority-fraction": 0.2, "samples-per-user": 10,
@@ -103,33 +92,30 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, float, int, int, Fe
     return out
 
 
-def run(ctx: Context) -> list[dict[str, Any]]:
-    """Run k = 1 and k = 2 for every ν; write results.csv and Figure 2.7's analogue."""
-    todo = specs(ctx.profile, ctx.pick_seeds(PROFILES[ctx.profile]["seeds"]))
-    progress = Progress(NAME, len(todo), ctx.stream)
-    rows = []
-    for dataset, nu, k, seed, spec in todo:
-        summary = ctx.run(spec)
-        best = best_entry(summary)
-        m = best["val_metrics"]
-        row = {
-            "dataset": dataset, "nu": nu, "k": k, "seed": seed, "accuracy": m.get("accuracy"),
-            "equal_opportunity_difference": m.get("equal-opportunity-difference"),
-            "equalized_odds_difference": m.get("equalized-odds-difference"),
-            "demographic_parity_difference": m.get("demographic-parity-difference"),
-            "best_round": best["round"], "rounds": summary["rounds_completed"],
-        }
-        rows.append(row)
-        progress.step(spec.label, "EO/EOdds/DP " + " / ".join(
-            fmt(row[c]) for c in COLUMNS[5:8]) + f", accuracy {fmt(row['accuracy'])}"
-            + (" [cached]" if summary.get("_cached") else ""))
-    write_csv(ctx.out / "results.csv", rows, COLUMNS)
-    data = read_csv(ctx.out / "results.csv")
+def grid(ctx: Context) -> list[Cell]:
+    """List the cells of the context's profile and seeds."""
+    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
+    return [Cell.of(spec, dataset=dataset, nu=nu, k=k, seed=seed)
+            for dataset, nu, k, seed, spec in specs(ctx.profile, seeds)]
+
+
+def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
+    """Measure the delivered model's accuracy and fairness gaps."""
+    best = best_entry(summary)
+    m = best["val_metrics"]
+    return {
+        **cell.keys, "accuracy": m.get("accuracy"),
+        **{_column(metric): m.get(metric) for metric in METRICS},
+        "best_round": best["round"], "rounds": summary["rounds_completed"],
+    }
+
+
+def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
+    """Figure 2.7's analogue (synthetic) and Figure 2.8's (digits), for those that ran."""
     for dataset in DATASETS:
-        subset = [r for r in data if r["dataset"] == dataset]
+        subset = [r for r in rows if r["dataset"] == dataset]
         if subset:
             plot(subset, ctx.figures / FIGURES[dataset], dataset)
-    return rows
 
 
 def _column(metric: str) -> str:
@@ -149,8 +135,7 @@ def aggregate(rows: list[dict[str, str]], metric: str
 
 def plot(rows: list[dict[str, str]], path: Path, dataset: str = "synthetic") -> Path:
     """Three panels like Figures 2.7/2.8: each gap versus ν, k = 1 and k = 2 side by side."""
-    plt = plt_module()
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = pyplot().subplots(1, 3, figsize=(14, 4))
     nus = sorted({float(r["nu"]) for r in rows})
     width = 0.38
     for ax, metric in zip(axes, METRICS, strict=True):
@@ -161,18 +146,13 @@ def plot(rows: list[dict[str, str]], path: Path, dataset: str = "synthetic") -> 
                    width, yerr=[v[1] for v in vals], capsize=3,
                    label="personalized (k = 2)" if k == 2 else "non-personalized (k = 1)")
         ax.set_xticks(range(len(nus)), [f"{nu:g}" for nu in nus])
-        ax.set_xlabel("noise multiplier ν")
-        ax.set_ylabel("|difference| (lower is fairer)")
-        ax.set_title(LABELS[metric])
-        ax.legend(fontsize=8)
-    fig.suptitle("Fairness on synthetic majority/minority data (004 Figure 2.7 analogue)"
-                 if dataset == "synthetic" else
-                 "Fairness on 8×8 digits, parity labels flipped for the rotated 20 % "
-                 "(004 Figure 2.8 analogue)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        decorate(ax, xlabel="noise multiplier ν", ylabel="|difference| (lower is fairer)",
+                 title=LABELS[metric], legend={"fontsize": 8})
+    return save(fig, path, suptitle=(
+        "Fairness on synthetic majority/minority data (004 Figure 2.7 analogue)"
+        if dataset == "synthetic" else
+        "Fairness on 8×8 digits, parity labels flipped for the rotated 20 % "
+        "(004 Figure 2.8 analogue)"))
 
 
 def table(rows: list[dict[str, str]]) -> list[str]:
@@ -191,3 +171,6 @@ def table(rows: list[dict[str, str]]) -> list[str]:
                 cells.append("-" if math.isnan(mean) else f"{mean:.3f} ± {std:.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=COLUMNS[4:8])

@@ -23,16 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from experiments import accuracy_vs_nu
-from experiments.common import (
-    Context,
-    FederationSpec,
-    Progress,
-    fmt,
-    plt_module,
-    read_csv,
-    spends_of,
-    write_csv,
-)
+from experiments.common import Context, FederationSpec, laplace_or_none
+from experiments.figures import decorate, pyplot, save
+from experiments.runner import Cell, Experiment, Run
+from experiments.tables import fmt, spends_of
 
 NAME = "leakage"
 COLUMNS = ("dataset", "nu", "k", "seed", "clients", "participating", "median_spend", "max_spend",
@@ -65,37 +59,39 @@ def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]
         for k in p["ks"]:
             for nu in p["nus"]:
                 config: dict[str, Any] = {
-                    "task": "hospital", "data-path": str(Path(ctx.data_path).resolve()),
+                    "task": "hospital", "server-data-path": str(Path(ctx.data_path).resolve()),
                     "validation-users": 200, "num-hypotheses": k,
                     "clients-per-round": min(100, users), "local-epochs": 1,
                     "learning-rate": 0.05, "batch-size": 10, "num-rounds": p["num-rounds"],
                     "patience": p["patience"], "eval-every": 1, "seed": seed, "data-seed": 0,
-                    "server-device": "cpu",
+                    "server-device": "cpu", **laplace_or_none(nu),
                 }
-                if nu == 0:
-                    config["mechanism"] = "none"
-                else:
-                    config.update({"mechanism": "laplace", "noise-multiplier": float(nu)})
                 out.append((nu, k, seed, FederationSpec(f"hospital nu={nu:g} k={k} seed={seed}",
                                                         config, users)))
     return out
 
 
-def row_of(dataset: str, nu: float, k: int, seed: int, clients: int,
-           summary: dict[str, Any]) -> dict[str, Any]:
-    """One results.csv row: spend statistics over all ``clients`` (0 for never sampled)."""
-    spends = spends_of(summary)
-    participating = len(spends)
-    spends += [0.0] * max(0, clients - len(spends))
+def grid(ctx: Context) -> list[Cell]:
+    """Digits (accuracy-vs-nu's federations) and, with a data path, hospital."""
+    digits = accuracy_vs_nu.specs(ctx.profile,
+                                  ctx.pick_seeds(accuracy_vs_nu.PROFILES[ctx.profile]["seeds"]))
+    hospital = hospital_specs(ctx) if ctx.data_path else []
+    return [Cell.of(spec, dataset=dataset, nu=nu, k=k, seed=seed)
+            for dataset, specs in (("digits", digits), ("hospital", hospital))
+            for nu, k, seed, spec in specs]
+
+
+def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
+    """One results.csv row: spend statistics over all clients (0 for never sampled)."""
+    assert cell.spec is not None
+    clients = cell.spec.supernodes
+    spends = spends_of(summary, clients)
     releases = [c.get("releases", 0) for c in summary["privacy"]["per_client"].values()]
-    private = nu > 0
+    private = cell.keys["nu"] > 0
     return {
-        "dataset": dataset,
-        "nu": nu,
-        "k": k,
-        "seed": seed,
+        **cell.keys,
         "clients": clients,
-        "participating": participating,
+        "participating": len(spends_of(summary)),
         "median_spend": statistics.median(spends) if private and spends else None,
         "max_spend": max(spends) if private and spends else None,
         "mean_releases": sum(releases) / clients if clients else None,
@@ -104,27 +100,9 @@ def row_of(dataset: str, nu: float, k: int, seed: int, clients: int,
     }
 
 
-def run(ctx: Context) -> list[dict[str, Any]]:
-    """Digits (from accuracy-vs-nu's federations) and, with a data path, hospital."""
-    todo: list[tuple[str, float, int, int, FederationSpec]] = [
-        ("digits", nu, k, seed, spec)
-        for nu, k, seed, spec in accuracy_vs_nu.grid(
-            ctx.profile, ctx.pick_seeds(accuracy_vs_nu.PROFILES[ctx.profile]["seeds"]))
-    ]
-    if ctx.data_path:
-        todo += [("hospital", nu, k, seed, spec) for nu, k, seed, spec in hospital_specs(ctx)]
-    progress = Progress(NAME, len(todo), ctx.stream)
-    rows = []
-    for dataset, nu, k, seed, spec in todo:
-        summary = ctx.run(spec)
-        row = row_of(dataset, nu, k, seed, spec.supernodes, summary)
-        rows.append(row)
-        progress.step(spec.label, f"median / max spend {fmt(row['median_spend'])} / "
-                                  f"{fmt(row['max_spend'])}"
-                      + (" [cached]" if summary.get("_cached") else ""))
-    write_csv(ctx.out / "results.csv", rows, COLUMNS)
-    plot(read_csv(ctx.out / "results.csv"), ctx.figures / "leakage.png")
-    return rows
+def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
+    """Spend versus ν."""
+    plot(rows, ctx.figures / "leakage.png")
 
 
 def aggregate(rows: list[dict[str, str]], dataset: str
@@ -179,8 +157,7 @@ def paper_table() -> list[str]:
 
 def plot(rows: list[dict[str, str]], path: Path) -> Path:
     """Median and max spend versus ν (log-log), one line per dataset and k."""
-    plt = plt_module()
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = pyplot().subplots(figsize=(7, 4.2))
     for dataset in sorted({r["dataset"] for r in rows}):
         agg = aggregate(rows, dataset)
         for k in sorted({k for _, k in agg}):
@@ -194,13 +171,11 @@ def plot(rows: list[dict[str, str]], path: Path) -> Path:
     paper = sorted(PAPER_TABLE1.items())
     ax.plot([nu for nu, _ in paper], [c[1][1] for _, c in paper], marker="s", color="grey",
             label="001 Table 1 hospital k = 1: max")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("noise multiplier ν")
-    ax.set_ylabel("per-client spend Σ ε·r")
-    ax.set_title("Leakage statistics (001 Table 1 analogue)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    decorate(ax, xlabel="noise multiplier ν", ylabel="per-client spend Σ ε·r",
+             title="Leakage statistics (001 Table 1 analogue)", xscale="log", yscale="log",
+             legend={"fontsize": 7})
+    return save(fig, path)
+
+
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
+                        shown=("median_spend", "max_spend"))

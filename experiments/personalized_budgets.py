@@ -48,19 +48,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (
-    Context,
-    FederationSpec,
-    Progress,
-    best_entry,
-    fmt,
-    last_entry,
-    mean_std,
-    plt_module,
-    read_csv,
-    spends_of,
-    write_csv,
-)
+from experiments.common import Context, FederationSpec
+from experiments.figures import pyplot, save
+from experiments.runner import Cell, Experiment, Run
+from experiments.tables import best_entry, fmt, last_entry, mean_std, spends_of
 
 NAME = "personalized-budgets"
 AGGREGATIONS = {"mean": "A", "weighted": "B", "probability": "C"}
@@ -76,57 +67,41 @@ NONIID_BUDGETS = {
     "personalized": ["5,5,5,5,5,15,15,15,15,15", "5,5,5,10,10,10,10,15,15,15"],
     "uniform": ["5", "10", "15"],
 }
+# What the panels share: the mechanisms at 002's δ, and the two data sets' settings.
+_GAUSSIAN = {"mechanism": "gaussian", "delta": 0.002}
+_SIGN = {"mechanism": "sign", "delta": 1e-5}
+_LOGISTIC = {"task": "fairness", "validation-users": 200, "samples-per-user": 10, "clip": 1.0,
+             "local-epochs": 5, "learning-rate": 0.5, "batch-size": 10}
+_DIGITS = {"task": "digits", "rotate-probability": 0.0, "validation-users": 20, "num-rounds": 10,
+           "batch-size": 50, "server-device": "cpu"}
+_DIGITS_LOGISTIC = {**_DIGITS, "model": "logistic", "clip": 1.0, "local-epochs": 5,
+                    "learning-rate": 0.5}
+
+
+def _panel(title: str, budgets: dict[str, list[str]], **config: Any) -> dict[str, Any]:
+    """One panel: 30 users (002's N clients cycled, each standing for 10)."""
+    return {"title": title, "users": 30, "budgets": budgets, "config": config}
+
+
 PANELS: dict[str, dict[str, Any]] = {
-    "logistic-iid-gaussian": {
-        "title": "logistic regression (3 parameters), IID, Gaussian",
-        "users": 30, "budgets": IID_BUDGETS,
-        "config": {
-            "task": "fairness", "minority-fraction": 0.0, "validation-users": 200,
-            "samples-per-user": 10, "mechanism": "gaussian", "delta": 0.002, "clip": 1.0,
-            "num-rounds": 10, "local-epochs": 5, "learning-rate": 0.5, "batch-size": 10,
-        },
-    },
-    "logistic-noniid-sign": {
-        "title": "logistic regression (3 parameters), non-IID (20 % opposite rule), sign",
-        "users": 30, "budgets": NONIID_BUDGETS,
-        "config": {
-            "task": "fairness", "minority-fraction": 0.2, "validation-users": 200,
-            "samples-per-user": 10, "mechanism": "sign", "delta": 1e-5, "clip": 1.0,
-            "server-learning-rate": 0.1, "num-rounds": 20, "local-epochs": 5,
-            "learning-rate": 0.5, "batch-size": 10,
-        },
-    },
-    "digits-iid-gaussian": {
-        "title": "digits, logistic regression (650 parameters), IID, Gaussian",
-        "users": 30, "budgets": IID_BUDGETS,
-        "config": {
-            "task": "digits", "model": "logistic", "partition": "contiguous",
-            "rotate-probability": 0.0, "validation-users": 20, "mechanism": "gaussian",
-            "delta": 0.002, "clip": 1.0, "num-rounds": 10, "local-epochs": 5,
-            "learning-rate": 0.5, "batch-size": 50, "server-device": "cpu",
-        },
-    },
-    "digits-dirichlet-sign": {
-        "title": "digits, logistic regression, non-IID (Dirichlet α = 0.5), sign",
-        "users": 30, "budgets": NONIID_BUDGETS,
-        "config": {
-            "task": "digits", "model": "logistic", "partition": "dirichlet",
-            "dirichlet-alpha": 0.5, "rotate-probability": 0.0, "validation-users": 20,
-            "mechanism": "sign", "delta": 1e-5, "clip": 1.0, "server-learning-rate": 0.05,
-            "num-rounds": 10, "local-epochs": 5, "learning-rate": 0.5, "batch-size": 50,
-            "server-device": "cpu",
-        },
-    },
-    "digits-cnn-iid-gaussian": {
-        "title": "digits, Table 3 CNN (83,562 parameters), IID, Gaussian",
-        "users": 30, "budgets": IID_BUDGETS,
-        "config": {
-            "task": "digits", "model": "cnn", "rotate-probability": 0.0,
-            "validation-users": 20, "mechanism": "gaussian", "delta": 0.002, "clip": 0.1,
-            "num-rounds": 10, "local-epochs": 1, "learning-rate": 0.1, "batch-size": 50,
-            "server-device": "cpu",
-        },
-    },
+    "logistic-iid-gaussian": _panel(
+        "logistic regression (3 parameters), IID, Gaussian", IID_BUDGETS,
+        **_LOGISTIC, **_GAUSSIAN, **{"minority-fraction": 0.0, "num-rounds": 10}),
+    "logistic-noniid-sign": _panel(
+        "logistic regression (3 parameters), non-IID (20 % opposite rule), sign", NONIID_BUDGETS,
+        **_LOGISTIC, **_SIGN,
+        **{"minority-fraction": 0.2, "server-learning-rate": 0.1, "num-rounds": 20}),
+    "digits-iid-gaussian": _panel(
+        "digits, logistic regression (650 parameters), IID, Gaussian", IID_BUDGETS,
+        **_DIGITS_LOGISTIC, **_GAUSSIAN, partition="contiguous"),
+    "digits-dirichlet-sign": _panel(
+        "digits, logistic regression, non-IID (Dirichlet α = 0.5), sign", NONIID_BUDGETS,
+        **_DIGITS_LOGISTIC, **_SIGN,
+        **{"partition": "dirichlet", "dirichlet-alpha": 0.5, "server-learning-rate": 0.05}),
+    "digits-cnn-iid-gaussian": _panel(
+        "digits, Table 3 CNN (83,562 parameters), IID, Gaussian", IID_BUDGETS,
+        **_DIGITS, **_GAUSSIAN,
+        **{"model": "cnn", "clip": 0.1, "local-epochs": 1, "learning-rate": 0.1}),
 }
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"panels": list(PANELS), "uniform": True, "personalized": None,
@@ -192,49 +167,50 @@ def specs(profile: str, seeds: list[int]
     return out
 
 
-def run(ctx: Context) -> list[dict[str, Any]]:
-    """Run the panels of the profile; write results.csv and one figure per panel."""
-    todo = specs(ctx.profile, ctx.pick_seeds(PROFILES[ctx.profile]["seeds"]))
-    progress = Progress(NAME, len(todo), ctx.stream)
-    rows = []
-    for panel, accounting, setting, budgets, agg, seed, spec in todo:
-        summary = ctx.run(spec)
-        best = best_entry(summary)
-        # 002 reports the model after its R rounds; with R = 10 and no early stop the accuracy
-        # is still rising then, and the best-loss round can be round 0 under heavy noise.
-        last = last_entry(summary)
-        spends = spends_of(summary)
-        row = {
-            "panel": panel, "accounting": accounting, "setting": setting, "budgets": budgets,
-            "aggregation": agg,
-            "method": AGGREGATIONS[agg] if setting == "personalized" else "-",
-            "seed": seed, "accuracy": last["val_metrics"].get("accuracy"),
-            "val_loss": last["val_loss"], "best_round": best["round"],
-            "rounds": summary["rounds_completed"],
-            "failures": sum(int(e.get("failures", 0)) for e in summary["history"]),
-            "max_epsilon": max(spends) if spends and setting != "no noise" else None,
-        }
-        rows.append(row)
-        progress.step(spec.label, f"accuracy {fmt(row['accuracy'])}"
-                      + (" [cached]" if summary.get("_cached") else ""))
-    write_csv(ctx.out / "results.csv", rows, COLUMNS)
-    data = read_csv(ctx.out / "results.csv")
-    for panel in dict.fromkeys(r["panel"] for r in data):
-        plot(data, panel, ctx.figures / f"{panel}.png")
-    return rows
+def grid(ctx: Context) -> list[Cell]:
+    """List the panels, accountings and budgets of the context's profile and seeds."""
+    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
+    return [Cell.of(spec, panel=panel, accounting=accounting, setting=setting, budgets=budgets,
+                    aggregation=agg, seed=seed)
+            for panel, accounting, setting, budgets, agg, seed, spec in specs(ctx.profile, seeds)]
 
 
-Cell = tuple[str, str, str, str]  # (accounting, setting, budgets, aggregation)
+def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
+    """Measure the final model's accuracy (as 002 reports it) and the largest spend."""
+    setting = cell.keys["setting"]
+    best = best_entry(summary)
+    # 002 reports the model after its R rounds; with R = 10 and no early stop the accuracy
+    # is still rising then, and the best-loss round can be round 0 under heavy noise.
+    last = last_entry(summary)
+    spends = spends_of(summary)
+    return {
+        **cell.keys,
+        "method": AGGREGATIONS[cell.keys["aggregation"]] if setting == "personalized" else "-",
+        "accuracy": last["val_metrics"].get("accuracy"),
+        "val_loss": last["val_loss"], "best_round": best["round"],
+        "rounds": summary["rounds_completed"],
+        "failures": sum(int(e.get("failures", 0)) for e in summary["history"]),
+        "max_epsilon": max(spends) if spends and setting != "no noise" else None,
+    }
+
+
+def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
+    """One bar chart per panel."""
+    for panel in dict.fromkeys(r["panel"] for r in rows):
+        plot(rows, panel, ctx.figures / f"{panel}.png")
+
+
+Key = tuple[str, str, str, str]  # (accounting, setting, budgets, aggregation)
 
 
 def aggregate(rows: list[dict[str, str]], panel: str
-              ) -> dict[Cell, tuple[float, float, int, float]]:
+              ) -> dict[Key, tuple[float, float, int, float]]:
     """Map (accounting, setting, budgets, aggregation) to (mean accuracy, std, seeds, max ε).
 
     ``max ε`` is the largest composed spend of any client in those runs (NaN without noise).
     """
-    cells: dict[Cell, list[float]] = {}
-    spent: dict[Cell, list[float]] = {}
+    cells: dict[Key, list[float]] = {}
+    spent: dict[Key, list[float]] = {}
     for r in rows:
         if r["panel"] == panel:
             key = (r.get("accounting", "composed"), r["setting"], r["budgets"],
@@ -254,9 +230,8 @@ def _name(accounting: str, setting: str, budgets: str) -> str:
 
 def plot(rows: list[dict[str, str]], panel: str, path: Path) -> Path:
     """Bars like 002's figures: uniform budgets (a) and A/B/C per personalized setting (b, c)."""
-    plt = plt_module()
     agg = aggregate(rows, panel)
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = pyplot().subplots(figsize=(9, 4))
     labels, means, stds, colors = [], [], [], []
     palette = {"A": "tab:blue", "B": "tab:orange", "C": "tab:green", "-": "tab:grey"}
     for (accounting, setting, budgets, aggregation), (m, s, _, _) in agg.items():
@@ -271,10 +246,7 @@ def plot(rows: list[dict[str, str]], panel: str, path: Path) -> Path:
     ax.set_ylabel("validation accuracy")
     ax.set_ylim(0, 1)
     ax.set_title(f"{PANELS[panel]['title']}\nA = mean, B = weighted (1/σ), C = probability")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def gains(rows: list[dict[str, str]], panel: str
@@ -313,3 +285,6 @@ def table(rows: list[dict[str, str]]) -> list[str]:
                          f"{diff['B']:+.3f} | {diff['C']:+.3f} | "
                          f"{fmt(max(finite)) if finite else '-'} |")
     return lines
+
+
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=("accuracy",))

@@ -10,21 +10,17 @@ sampled every 0.5 s with psutil. Scale runs are never taken from the cache: timi
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (
-    Context,
-    FederationSpec,
-    MemoryMonitor,
-    Progress,
-    experiment_policy,
-    fmt,
-    plt_module,
-    read_csv,
-    write_csv,
-)
+import psutil
+
+from experiments.common import Context, FederationSpec
+from experiments.figures import decorate, pyplot, save
+from experiments.runner import Cell, Experiment, Run
+from experiments.tables import fmt
 
 NAME = "scale"
 COLUMNS = ("users", "clients_per_round", "rounds", "wall_s", "startup_s", "rounds_per_minute",
@@ -34,6 +30,55 @@ PROFILES: dict[str, dict[str, Any]] = {
     "quick": {"users": [1000], "rounds": 10},
     "smoke": {"users": [1000], "rounds": 4},
 }
+
+
+class MemoryMonitor:
+    """Samples the RSS of this process and all its descendants; keeps the peak of the sum.
+
+    A context manager; sampling runs on a daemon thread every ``interval`` seconds.
+    ``samples`` holds ``(seconds since start, total RSS in bytes, processes)``.
+    """
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.interval = interval
+        self.samples: list[tuple[float, int, int]] = []
+        self.peak = 0
+        self.peak_processes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._start = 0.0
+
+    def __enter__(self) -> MemoryMonitor:
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def sample(self) -> int:
+        """Take one sample now; return the total RSS in bytes."""
+        root = psutil.Process()
+        total, count = 0, 0
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                total += proc.memory_info().rss
+                count += 1
+            except psutil.Error:  # a worker that ended between the listing and the reading
+                continue
+        self.samples.append((time.monotonic() - self._start, total, count))
+        if total > self.peak:
+            self.peak = total
+            self.peak_processes = count
+        return total
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
 
 
 def spec(users: int, rounds: int) -> FederationSpec:
@@ -46,77 +91,67 @@ def spec(users: int, rounds: int) -> FederationSpec:
     return FederationSpec(f"scale users={users}", config, users)
 
 
-def run(ctx: Context) -> list[dict[str, Any]]:
-    """Launch each size once, timing the rounds and sampling memory."""
-    from server.launcher import launch
-
+def grid(ctx: Context) -> list[Cell]:
+    """One federation per size of the profile."""
     p = PROFILES[ctx.profile]
-    progress = Progress(NAME, len(p["users"]), ctx.stream)
-    rows = []
-    traces: dict[int, list[tuple[float, int, int]]] = {}
-    for users in p["users"]:
-        s = spec(users, p["rounds"])
-        directory = ctx.run_dir(s)
-        if directory.exists():
-            import shutil
+    return [Cell.of(spec(users, p["rounds"]), users=users) for users in p["users"]]
 
-            shutil.rmtree(directory)
-        arrivals: list[float] = []
-        start = time.monotonic()
 
-        def echo(line: str, arrivals: list[float] = arrivals, start: float = start) -> None:
-            ctx.log(line)
-            if "[gpfl] round " in line and " round 0/" not in line:
-                arrivals.append(time.monotonic() - start)
+def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
+    """Launch past the cache, noting when each round's line arrives and sampling memory."""
+    assert cell.spec is not None
+    arrivals: list[float] = []
+    start = time.monotonic()
 
-        with MemoryMonitor(interval=0.5) as monitor:
-            result = launch(supernodes=users, simulation=True, run_config=dict(s.run_config),
-                            policy=experiment_policy(s.run_config), out_dir=directory,
-                            echo=echo, timeout=ctx.timeout)
-            monitor.sample()
-        wall = time.monotonic() - start
-        ctx.launched += 1
-        rounds = result.summary["rounds_completed"]
-        if len(arrivals) >= 2:
-            per_round = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
-        else:
-            per_round = wall / max(rounds, 1)
-        history = [e for e in result.summary["history"] if e.get("val_loss") is not None]
-        row = {
-            "users": users, "clients_per_round": s.run_config["clients-per-round"],
-            "rounds": rounds, "wall_s": wall,
-            "startup_s": (arrivals[0] - per_round) if arrivals else None,
-            "rounds_per_minute": 60.0 / per_round if per_round > 0 else None,
-            "seconds_per_round": per_round, "peak_rss_mb": monitor.peak / 2**20,
-            "peak_processes": monitor.peak_processes,
-            "final_val_loss": history[-1]["val_loss"] if history else None,
-        }
-        rows.append(row)
-        traces[users] = monitor.samples
-        progress.step(s.label, f"{fmt(row['rounds_per_minute'])} rounds/min, peak RSS "
-                               f"{row['peak_rss_mb']:.0f} MiB over {monitor.peak_processes} "
-                               f"processes, wall {wall:.0f} s")
-    write_csv(ctx.out / "results.csv", rows, COLUMNS)
-    plot(traces, ctx.figures / "scale_memory.png")
-    read_csv(ctx.out / "results.csv")
-    return rows
+    def echo(line: str) -> None:
+        ctx.log(line)
+        if "[gpfl] round " in line and " round 0/" not in line:
+            arrivals.append(time.monotonic() - start)
+
+    with MemoryMonitor(interval=0.5) as monitor:
+        summary = ctx.launch(cell.spec, echo)
+        monitor.sample()
+    return {"summary": summary, "wall": time.monotonic() - start, "arrivals": arrivals,
+            "monitor": monitor}
+
+
+def measure(cell: Cell, timed: dict[str, Any]) -> dict[str, Any]:
+    """Measure rounds per minute once running, startup and peak memory of the tree."""
+    assert cell.spec is not None
+    summary, wall, arrivals = timed["summary"], timed["wall"], timed["arrivals"]
+    monitor: MemoryMonitor = timed["monitor"]
+    rounds = summary["rounds_completed"]
+    if len(arrivals) >= 2:
+        per_round = (arrivals[-1] - arrivals[0]) / (len(arrivals) - 1)
+    else:
+        per_round = wall / max(rounds, 1)
+    history = [e for e in summary["history"] if e.get("val_loss") is not None]
+    return {
+        "users": cell.keys["users"], "clients_per_round": cell.spec.run_config["clients-per-round"],
+        "rounds": rounds, "wall_s": wall,
+        "startup_s": (arrivals[0] - per_round) if arrivals else None,
+        "rounds_per_minute": 60.0 / per_round if per_round > 0 else None,
+        "seconds_per_round": per_round, "peak_rss_mb": monitor.peak / 2**20,
+        "peak_processes": monitor.peak_processes,
+        "final_val_loss": history[-1]["val_loss"] if history else None,
+    }
+
+
+def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
+    """Memory over time."""
+    plot({cell.keys["users"]: timed["monitor"].samples for cell, timed in runs},
+         ctx.figures / "scale_memory.png")
 
 
 def plot(traces: dict[int, list[tuple[float, int, int]]], path: Path) -> Path:
     """Total RSS of the process tree over time, one line per size."""
-    plt = plt_module()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     for users, samples in traces.items():
         ax.plot([s[0] for s in samples], [s[1] / 2**20 for s in samples],
                 label=f"{users} virtual users, 100 per round")
-    ax.set_xlabel("seconds since launch")
-    ax.set_ylabel("RSS of the process tree (MiB)")
-    ax.set_title("Simulation Engine memory")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    decorate(ax, xlabel="seconds since launch", ylabel="RSS of the process tree (MiB)",
+             title="Simulation Engine memory", legend={})
+    return save(fig, path)
 
 
 def table(rows: list[dict[str, str]]) -> list[str]:
@@ -132,3 +167,8 @@ def table(rows: list[dict[str, str]]) -> list[str]:
             f"{float(r['peak_rss_mb']):.0f} | {r['peak_processes']} | "
             f"{float(r['wall_s']):.0f} |")
     return lines
+
+
+EXPERIMENT = Experiment(
+    NAME, COLUMNS, grid, measure, figures, perform=perform,
+    shown=("rounds_per_minute", "peak_rss_mb", "peak_processes", "wall_s"))

@@ -30,16 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import (
-    Context,
-    FederationSpec,
-    Progress,
-    fmt,
-    mean_std,
-    plt_module,
-    spends_of,
-    write_csv,
-)
+from experiments.common import Context, FederationSpec
+from experiments.figures import decorate, pyplot, save
+from experiments.runner import Cell, Experiment, Run
+from experiments.tables import mean_pm_std, spends_of
 
 NAME = "synthetic-ablation"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
@@ -95,96 +89,89 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, int, FederationSpec
     return out
 
 
+def grid(ctx: Context) -> list[Cell]:
+    """List the three methods (the smoke profile: two) for every seed."""
+    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
+    return [Cell.of(spec, method=method, seed=seed) for method, seed, spec in specs(ctx.profile,
+                                                                                      seeds)]
+
+
 def distances(hypotheses: list[list[float]]) -> list[float]:
     """For each optimum, the distance to the nearest hypothesis."""
     h = np.asarray(hypotheses, dtype=float)
     return [float(np.min(np.linalg.norm(h - opt, axis=1))) for opt in OPTIMA]
 
 
-def run(ctx: Context) -> list[dict[str, Any]]:
-    """Run the three methods for every seed; write results.csv and the figures."""
-    seeds = ctx.pick_seeds(PROFILES[ctx.profile]["seeds"])
-    todo = specs(ctx.profile, seeds)
-    progress = Progress(NAME, len(todo), ctx.stream)
-    rows: list[dict[str, Any]] = []
-    summaries: dict[tuple[str, int], dict[str, Any]] = {}
-    for method, seed, spec in todo:
-        summary = ctx.run(spec)
-        summaries[method, seed] = summary
-        best = distances(summary["hypotheses"])
-        last = distances(summary["last_hypotheses"])
-        spends = spends_of(summary)
-        row = {
-            "method": method,
-            "k": spec.run_config["num-hypotheses"],
-            "mechanism": spec.run_config["mechanism"],
-            "nu": spec.run_config.get("noise-multiplier", 0.0),
-            "seed": seed,
-            "rounds": summary["rounds_completed"],
-            "stopped_early": int(bool(summary["stopped_early"])),
-            "best_round": summary["best_round"],
-            "best_val_loss": summary["best_val_loss"],
-            "dist_opt1": best[0],
-            "dist_opt2": best[1],
-            "max_dist": max(best),
-            "last_max_dist": max(last),
-            "median_spend": float(np.median(spends)) if spends else None,
-            "max_spend": max(spends) if spends else None,
-        }
-        rows.append(row)
-        progress.step(spec.label, f"distance to the optima {fmt(best[0])} / {fmt(best[1])}, "
-                                  f"best val loss {fmt(summary['best_val_loss'])} "
-                                  f"(round {summary['best_round']})"
-                      + (" [cached]" if summary.get("_cached") else ""))
-    write_csv(ctx.out / "results.csv", rows, COLUMNS)
-    first = seeds[0]
+def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
+    """Measure the distances of the delivered and last hypotheses to the optima, the spend."""
+    assert cell.spec is not None
+    config = cell.spec.run_config
+    best = distances(summary["hypotheses"])
+    last = distances(summary["last_hypotheses"])
+    spends = spends_of(summary)
+    return {
+        "method": cell.keys["method"],
+        "k": config["num-hypotheses"],
+        "mechanism": config["mechanism"],
+        "nu": config.get("noise-multiplier", 0.0),
+        "seed": cell.keys["seed"],
+        "rounds": summary["rounds_completed"],
+        "stopped_early": int(bool(summary["stopped_early"])),
+        "best_round": summary["best_round"],
+        "best_val_loss": summary["best_val_loss"],
+        "dist_opt1": best[0],
+        "dist_opt2": best[1],
+        "max_dist": max(best),
+        "last_max_dist": max(last),
+        "median_spend": float(np.median(spends)) if spends else None,
+        "max_spend": max(spends) if spends else None,
+    }
+
+
+def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
+    """Figures 1 and 2 of the first seed's runs, and the loss curves of every run."""
+    summaries = {(cell.keys["method"], cell.keys["seed"]): summary for cell, summary in runs}
+    first = runs[0][0].keys["seed"]
     plot_figure1({m: summaries[m, first] for m in METHODS if (m, first) in summaries},
                  ctx.figures / "figure1_ablation.png")
     plot_figure2(summaries["ours", first], ctx.figures / "figure2_max_leakage.png")
-    plot_loss(summaries, seeds, ctx.figures / "validation_loss.png")
-    return rows
+    plot_loss(summaries, first, ctx.figures / "validation_loss.png")
 
 
 def plot_figure1(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
     """Figure 1 of 001: released vectors and hypotheses (top), validation loss (bottom)."""
-    plt = plt_module()
-    fig, axes = plt.subplots(2, len(summaries), figsize=(5 * len(summaries), 8.5))
+    fig, axes = pyplot().subplots(2, len(summaries), figsize=(5 * len(summaries), 8.5))
     for col, (method, summary) in enumerate(summaries.items()):
         ax = axes[0, col]
-        points, rounds = [], []
-        for entry in summary["history"]:
-            for vec in entry.get("released") or []:
-                points.append(vec)
-                rounds.append(entry["round"])
-        if points:
-            pts = np.asarray(points)
-            sc = ax.scatter(pts[:, 0], pts[:, 1], c=rounds, cmap="viridis", s=6, alpha=0.5)
+        released = [(vec, e["round"])
+                    for e in summary["history"] for vec in e.get("released") or []]
+        if released:
+            pts = np.asarray([vec for vec, _ in released])
+            sc = ax.scatter(pts[:, 0], pts[:, 1], c=[t for _, t in released], cmap="viridis", s=6,
+                            alpha=0.5)
             fig.colorbar(sc, ax=ax, label="round")
         hyp = np.asarray(summary["hypotheses"])
         ax.scatter(hyp[:, 0], hyp[:, 1], marker="X", s=140, c="red", label="final hypotheses")
         ax.scatter(OPTIMA[:, 0], OPTIMA[:, 1], marker="*", s=260, facecolors="none",
                    edgecolors="black", linewidths=1.5, label="θ* (true optima)")
-        ax.set_title(TITLES[method])
-        ax.set_xlabel("θ[0]")
-        ax.set_ylabel("θ[1]")
-        ax.legend(loc="lower left", fontsize=8)
+        decorate(ax, xlabel="θ[0]", ylabel="θ[1]", title=TITLES[method],
+                 legend={"loc": "lower left", "fontsize": 8})
         lim = 12 if method == "ours" else 9
         ax.set_xlim(-lim, lim)
         ax.set_ylim(-lim, lim)
         ax2 = axes[1, col]
-        xs = [e["round"] for e in summary["history"] if e.get("val_loss") is not None]
-        ys = [e["val_loss"] for e in summary["history"] if e.get("val_loss") is not None]
-        ax2.plot(xs, ys, lw=1)
+        ax2.plot(*_loss_curve(summary), lw=1)
         ax2.axhline(math.sqrt(1 / 3), color="grey", ls=":", label="RMSE at θ* (noise floor)")
-        ax2.set_yscale("log")
-        ax2.set_xlabel("round")
-        ax2.set_ylabel("validation RMSE (Eq. 15)")
-        ax2.legend(fontsize=8)
-    fig.suptitle("Synthetic data (001 Figure 1): released parameter vectors and validation loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        decorate(ax2, xlabel="round", ylabel="validation RMSE (Eq. 15)", yscale="log",
+                 legend={"fontsize": 8})
+    return save(fig, path, suptitle="Synthetic data (001 Figure 1): released parameter vectors "
+                                    "and validation loss")
+
+
+def _loss_curve(summary: dict[str, Any]) -> tuple[list[int], list[float]]:
+    """Return the validated rounds and their validation loss."""
+    history = [e for e in summary["history"] if e.get("val_loss") is not None]
+    return [e["round"] for e in history], [e["val_loss"] for e in history]
 
 
 def leakage_per_round(summary: dict[str, Any], groups: int = 2) -> tuple[list[int], np.ndarray]:
@@ -214,40 +201,26 @@ def leakage_per_round(summary: dict[str, Any], groups: int = 2) -> tuple[list[in
 
 def plot_figure2(summary: dict[str, Any], path: Path) -> Path:
     """Figure 2 of 001: max privacy leakage among the clients of each cluster, per round."""
-    plt = plt_module()
     rounds, per_group = leakage_per_round(summary)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = pyplot().subplots(figsize=(6.5, 4))
     for g in range(per_group.shape[0]):
         ax.step(rounds, per_group[g], where="post", label=f"cluster {g + 1} (θ*_{g + 1})")
-    ax.set_xlabel("round")
-    ax.set_ylabel("max Σ ε·r over the cluster's clients")
-    ax.set_title("Synthetic data (001 Figure 2): max privacy leakage per cluster, ν = 5")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    decorate(ax, xlabel="round", ylabel="max Σ ε·r over the cluster's clients",
+             title="Synthetic data (001 Figure 2): max privacy leakage per cluster, ν = 5",
+             legend={})
+    return save(fig, path)
 
 
-def plot_loss(summaries: dict[tuple[str, int], dict[str, Any]], seeds: list[int],
+def plot_loss(summaries: dict[tuple[str, int], dict[str, Any]], first_seed: int,
               path: Path) -> Path:
     """Plot the validation loss per round of every method and seed."""
-    plt = plt_module()
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = pyplot().subplots(figsize=(7, 4))
     colors = {"fedavg": "tab:blue", "ifca": "tab:orange", "ours": "tab:green"}
     for (method, seed), summary in summaries.items():
-        xs = [e["round"] for e in summary["history"] if e.get("val_loss") is not None]
-        ys = [e["val_loss"] for e in summary["history"] if e.get("val_loss") is not None]
-        ax.plot(xs, ys, color=colors[method], lw=1, alpha=0.8,
-                label=TITLES[method] if seed == seeds[0] else None)
-    ax.set_yscale("log")
-    ax.set_xlabel("round")
-    ax.set_ylabel("validation RMSE")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+        ax.plot(*_loss_curve(summary), color=colors[method], lw=1, alpha=0.8,
+                label=TITLES[method] if seed == first_seed else None)
+    decorate(ax, xlabel="round", ylabel="validation RMSE", yscale="log", legend={})
+    return save(fig, path)
 
 
 def table(rows: list[dict[str, str]]) -> list[str]:
@@ -263,8 +236,7 @@ def table(rows: list[dict[str, str]]) -> list[str]:
             continue
 
         def ms(key: str, sel: list[dict[str, str]] = sel) -> str:
-            m, s = mean_std(float(r[key]) for r in sel if r[key] not in ("", "nan"))
-            return "-" if math.isnan(m) else f"{m:.3f} ± {s:.3f}"
+            return mean_pm_std(float(r[key]) for r in sel if r[key] not in ("", "nan"))
 
         lines.append(
             f"| {TITLES[method]} | {len(sel)} | {ms('dist_opt1')} | {ms('dist_opt2')} | "
@@ -280,3 +252,7 @@ def _span(rows: list[dict[str, str]], key: str) -> str:
     if not values:
         return "-"
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
+
+
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
+                        shown=("dist_opt1", "dist_opt2", "best_val_loss", "best_round"))

@@ -1,4 +1,5 @@
-"""The DLG audit (experiments.dlg): metrics by hand, and the paper's shape on a quick run."""
+"""The DLG attack and audit (experiments.dlg, experiments.dlg_audit): metrics by hand, and the
+paper's shape on a quick run."""
 
 from __future__ import annotations
 
@@ -8,16 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.dlg import (
-    QUICK_NUS,
-    ROW_KEYS,
-    dlg_lenet,
-    idlg_label,
-    mse,
-    psnr,
-    run_dlg_audit,
-    ssim,
-)
+from experiments.dlg import dlg_lenet, idlg_label
+from experiments.dlg_audit import QUICK_NUS, ROW_KEYS, mse, psnr, run_dlg_audit, ssim
 
 # --------------------------------------------------------------------------- metrics
 

@@ -13,17 +13,11 @@ import pytest
 
 import server.launcher
 from experiments import accuracy_vs_nu, cli, personalized_budgets, synthetic_ablation
-from experiments.common import (
-    Context,
-    FederationSpec,
-    MemoryMonitor,
-    Progress,
-    best_entry,
-    compact_summary,
-    mean_std,
-    write_csv,
-)
+from experiments.common import Context, FederationSpec, compact_summary
 from experiments.report import write_report
+from experiments.runner import Progress
+from experiments.scale import MemoryMonitor
+from experiments.tables import best_entry, mean_std, write_csv
 
 
 def _summary(rounds: int = 3, params: int = 2) -> dict[str, Any]:
@@ -127,8 +121,17 @@ def test_progress_prints_a_counted_line_per_configuration() -> None:
     p.step("a", "done")
     p.step("b", "done")
     lines = out.getvalue().splitlines()
-    assert lines[0].startswith("[##########..........] 1/2 exp a: done")
-    assert lines[1].startswith("[####################] 2/2 exp b: done")
+    # Not a terminal (a CI log): the lines alone, no bar and no control characters.
+    assert len(lines) == 2 and "\x1b" not in out.getvalue()
+    assert lines[0].startswith("exp 1/2 a: done (") and "left)" in lines[0]
+    assert lines[1].startswith("exp 2/2 b: done (") and "left" not in lines[1]
+
+
+def test_progress_keeps_a_long_line_whole_and_brackets_as_they_are() -> None:
+    out = io.StringIO()
+    Progress("exp", 1, out).step("x" * 150, "done [cached]")
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith(f"exp 1/1 {'x' * 150}: done [cached] (")
 
 
 def test_memory_monitor_measures_this_process() -> None:
@@ -141,7 +144,7 @@ def test_profiles_follow_the_papers_where_asked() -> None:
     full = accuracy_vs_nu.PROFILES["full"]
     assert full["nus"] == [0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 15.0]
     assert full["seeds"] == [0, 1, 2] and full["ks"] == [1, 2]
-    grid = accuracy_vs_nu.grid("full", [0])
+    grid = accuracy_vs_nu.specs("full", [0])
     assert {spec.run_config["mechanism"] for nu, _, _, spec in grid if nu == 0} == {"none"}
     methods = {m: spec.run_config for m, _, spec in synthetic_ablation.specs("full", [0])}
     assert methods["ours"]["noise-multiplier"] == 5.0 and methods["ours"]["num-hypotheses"] == 2
