@@ -29,8 +29,8 @@ def test_private_clustered_federation_of_real_processes(
     # Prepare: 8 SuperNodes = 8 users, the paper's settings otherwise (k = 2, ν = 5,
     # s = 0.1, B = 10) with 3 local epochs; every user trains every round. With 8 users
     # and ν = 5, reaching the optima takes far more rounds than a real-process test can
-    # afford (~12 s each): the 0.5-accuracy claim is checked on the Simulation Engine
-    # with the paper's 100 users (test_integration_simulation.py). Here: the whole path
+    # afford: the 0.5-accuracy claim is checked on the Simulation Engine with the paper's
+    # 100 users (test_experiments_quick.py, the synthetic ablation). Here: the whole path
     # over gRPC, the accounting, and learning (in a NumPy re-run of this setting over 10
     # seeds the best validation loss after 12 rounds was at most 0.81 × round 0's).
     lines: list[str] = []

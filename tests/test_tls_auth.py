@@ -109,32 +109,30 @@ def served(fed: Federation, index: int) -> bool:
     return path.exists() and "Sent successfully" in path.read_text(errors="replace")
 
 
-def test_tls_federation_finishes(federation: Federation) -> None:
+def test_tls_federation_finishes_and_a_wrong_ca_is_refused(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: a TLS SuperLink, three SuperNodes that trust its CA and a fourth that trusts
+    # another CA (same names, other key).
     fed = federation
+    wrong = make_local_tls(tmp_path / "wrong-ca")
     fed.start_superlink()
     for i in range(3):
-        fed.start_supernode(i, {"partition-id": i, "num-partitions": 3})
+        fed.start_supernode(i, {"partition-id": i, "num-partitions": 4})
+    fed.start_supernode(3, {"partition-id": 3, "num-partitions": 4},
+                        root_certificates=wrong.ca_cert)
+
+    # Execute + Assert: the fourth gives up on the handshake; the run of the other three
+    # goes to its end, encrypted.
+    status, log = wait_for_exit(fed, "supernode-3")
+    assert status != 0 and "CERTIFICATE_VERIFY_FAILED" in log, log[-3000:]
+    assert "SuperNode ID" not in log
     run_to_end(fed, clients=3)
     assert all(served(fed, i) for i in range(3))
+    assert not served(fed, 3)
     superlink_argv = list(fed.procs.procs["superlink"].args)  # type: ignore[arg-type]
     assert "--insecure" not in superlink_argv and "--ssl-certfile" in superlink_argv
     assert "root-certificates" in (fed.flwr_home / "config.toml").read_text()
-
-
-def test_wrong_ca_is_refused_and_run_goes_on(federation: Federation, tmp_path: Path) -> None:
-    fed = federation
-    wrong = make_local_tls(tmp_path / "wrong-ca")  # another CA: same names, other key
-    fed.start_superlink()
-    for i in range(2):
-        fed.start_supernode(i, {"partition-id": i, "num-partitions": 3})
-    fed.start_supernode(2, {"partition-id": 2, "num-partitions": 3},
-                        root_certificates=wrong.ca_cert)
-    status, log = wait_for_exit(fed, "supernode-2")
-    assert status != 0 and "CERTIFICATE_VERIFY_FAILED" in log, log[-3000:]
-    assert "SuperNode ID" not in log
-    run_to_end(fed, clients=2)
-    assert served(fed, 0) and served(fed, 1)
-    assert not served(fed, 2)
 
 
 def test_unregistered_key_is_refused_and_run_goes_on(federation: Federation,
