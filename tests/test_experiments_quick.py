@@ -1,7 +1,9 @@
 """Every experiment, run for real on Flower's Simulation Engine, has the papers' shape.
 
 Each experiment runs with the tests' own profile (``smoke``: the ``--quick`` settings cut down to
-the configurations the checks need, so that the whole file takes about 9 minutes on 2 cores)
+the configurations the checks need; this file takes about 8 minutes on 2 cores, and
+``test_experiments_quick_fairness.py`` holds the fairness, budgets and scale experiments, so that
+the two run side by side on two pytest workers)
 into one temporary root with one shared cache of federations (``leakage`` reuses the runs of
 ``accuracy-vs-nu``, as it does outside the tests). Every run is seeded; the margins below were
 checked against the run-to-run spread (Ray delivers the replies in varying order, so float
@@ -17,11 +19,10 @@ from typing import Any
 
 import pytest
 
-from experiments import scale
 from experiments.cli import run_experiment
 from experiments.dlg_audit import ROW_KEYS
 
-# ~9 minutes on 2 cores, part of the default run (and of CI).
+# ~8 minutes on 2 cores, part of the default run (and of CI).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 DIGITS_PARAMETERS = 83_562
@@ -86,10 +87,15 @@ def test_accuracy_vs_nu_learns_and_nu15_is_clearly_worse(
     nu15 = _cell(accuracy, "accuracy", nu=15.0, k=2)
     # Sanity: the CNN learns (10 classes: chance is 0.1).
     assert min(k2, nu1) > 0.8
-    # 001 Table 2's shape: ν = 15 clearly below ν = 1. After 30 rounds the ν = 15 runs
-    # plateau ~0.07-0.15 below ν = 1 (7 seeds of an in-process simulation of the same
-    # federation, 3 real runs); run-to-run spread of one configuration is ~0.03.
-    assert nu15 < nu1 - 0.03, (nu1, nu15)
+    # 001 Table 2's shape: ν = 15 below ν = 1. One seed's accuracy after 30 rounds swings
+    # from run to run (Ray's reply order changes float sums, and with them the round in which
+    # k = 2 splits the users: round 3 in one run of seed 0, 29 in another) by about as much as
+    # the drop itself at this length: ν = 1 vs 15 gave 0.947 vs 0.869 in one run, 0.925 vs
+    # 0.902 in another. The held-out cross-entropy separates them in every run seen (+0.31,
+    # +0.08): its margin is asserted, and the accuracy must be lower at ν = 15.
+    loss1 = _cell(accuracy, "val_loss", nu=1.0, k=2)
+    loss15 = _cell(accuracy, "val_loss", nu=15.0, k=2)
+    assert nu15 < nu1 and loss15 > loss1 + 0.03, (nu1, nu15, loss1, loss15)
     # k = 2 against k = 1 without noise is checked on the fairness runs (parity labels):
     # with the rotation alone one CNN learns both orientations, and whether k = 2 splits the
     # users (and gets ahead) varies from run to run; `split_rounds` records it.
@@ -162,52 +168,6 @@ def test_leakage_on_hospital_charges_when_a_csv_is_given(root: Path, tmp_path: P
     assert releases >= 1 and math.isclose(releases, round(releases), rel_tol=1e-6), row
 
 
-@pytest.mark.timeout(360)
-def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None:
-    rows = _run(root, "fairness")
-    synthetic = [r for r in rows if r["dataset"] == "synthetic"]
-    digits = [r for r in rows if r["dataset"] == "digits"]
-    eo1 = _cell(synthetic, "equal_opportunity_difference", nu=1.0, k=1)
-    eo2 = _cell(synthetic, "equal_opportunity_difference", nu=1.0, k=2)
-    odds1 = _cell(synthetic, "equalized_odds_difference", nu=1.0, k=1)
-    odds2 = _cell(synthetic, "equalized_odds_difference", nu=1.0, k=2)
-    # 004 Fig. 2.7: the personalized model is fairer. One model mislabels the minority (its
-    # labels follow the opposite rule): gaps ~0.3-0.4; two models serve both groups: < 0.1.
-    assert eo2 < eo1 - 0.1 and odds2 < odds1 - 0.1, (eo1, eo2, odds1, odds2)
-    # 004 Fig. 2.8 on 8×8 digits, parity labels flipped for the rotated 20 %, without noise:
-    # one model must serve two opposite labelling rules, so two models beat one. In our quick
-    # run (ν ∈ {0.1, 1, 2, 4}) k = 2 reached 0.97-0.98 against 0.94-0.95 and its equalized-odds
-    # gap was 0.01-0.06 against 0.09-0.19 at every ν; k = 2 split the users 8:2 every time.
-    acc1 = _cell(digits, "accuracy", nu=0.0, k=1)
-    acc2 = _cell(digits, "accuracy", nu=0.0, k=2)
-    digits_odds1 = _cell(digits, "equalized_odds_difference", nu=0.0, k=1)
-    digits_odds2 = _cell(digits, "equalized_odds_difference", nu=0.0, k=2)
-    assert acc2 > acc1 > 0.8, (acc1, acc2)
-    assert digits_odds2 < digits_odds1, (digits_odds1, digits_odds2)
-    assert _figures(root, "fairness") == ["figure2_7_fairness.png",
-                                          "figure2_8_fairness_digits.png"]
-
-
-@pytest.mark.timeout(300)
-def test_personalized_budgets_weighted_and_probability_beat_the_mean(root: Path) -> None:
-    rows = _run(root, "personalized-budgets")
-    assert {r["panel"] for r in rows} == {"digits-iid-gaussian"}
-    by = {m: [float(r["accuracy"]) for r in rows if r["method"] == m] for m in "ABC"}
-    assert all(len(v) == 1 for v in by.values()), by
-    (a,), (b,), (c,) = by["A"], by["B"], by["C"]
-    # 002 (IID, Gaussian, ε = (1, 1, 10) per round): B (weights ∝ 1/σ) and C (selection with
-    # P ∝ 1/σ) average less noise than A. Two of three clients release with σ 6.4× that of the
-    # third, so A's aggregate is ~2.3× noisier than B's; after 10 rounds A is at 0.15-0.25 and
-    # B, C at 0.35-0.55 in our runs (3 seeds of an in-process replica, 1 real run), so the
-    # ordering holds with a wide margin. A weighting ∝ σ instead of 1/σ would favour the
-    # noisy clients and put B below A.
-    assert b > a and c > a, by
-    assert a < 0.9, "the noise must matter, else the comparison says nothing"
-    # Per-round budgets compose: the ledgers report the ε = 10 clients' 10 releases at
-    # ε ≈ 52.6 (RDP at δ = 0.002), far above the nominal 10.
-    assert all(float(r["max_epsilon"]) > 10 * 1.5 for r in rows), rows
-
-
 @pytest.mark.timeout(200)
 def test_dlg_reconstructs_at_small_nu_and_fails_at_large_nu(root: Path) -> None:
     rows = _run(root, "dlg")
@@ -219,32 +179,18 @@ def test_dlg_reconstructs_at_small_nu_and_fails_at_large_nu(root: Path) -> None:
     assert small < 1e-4 and large > 100 * small, (small, large)
 
 
-@pytest.mark.timeout(200)
-def test_scale_thousand_users_hundred_per_round(root: Path) -> None:
-    rows = _run(root, "scale")
-    (row,) = rows
-    assert int(row["users"]) >= 1000 and int(row["clients_per_round"]) == 100
-    # Every round asked for ran, and the per-round time (from the rounds' log lines) is
-    # consistent: rounds per minute is its inverse, and the rounds fit in the launch's wall time.
-    rounds = scale.PROFILES["smoke"]["rounds"]
-    assert int(row["rounds"]) == rounds >= 2
-    per_round = float(row["seconds_per_round"])
-    assert float(row["rounds_per_minute"]) * per_round == pytest.approx(60.0, rel=1e-4)
-    assert 0 < per_round * (rounds - 1) < float(row["wall_s"])
-    # The whole tree is measured: the launcher alone (this process) is one process, the
-    # SuperLink, the simulation process and Ray's are more, and together well over 200 MiB.
-    assert int(row["peak_processes"]) >= 4 and float(row["peak_rss_mb"]) > 200
-
-
 @pytest.mark.timeout(60)
 def test_report_collects_every_experiment(root: Path, tmp_path: Path) -> None:
     from experiments.report import write_report
 
     doc = write_report(root, tmp_path / "RESULTS.md")
     text = doc.read_text()
-    for name in ("synthetic-ablation", "accuracy-vs-nu", "leakage", "fairness",
-                 "personalized-budgets", "scale"):
+    # This file's experiments are reported; the other file's (another root) are named as not
+    # run yet, with the command that runs them.
+    for name in ("synthetic-ablation", "accuracy-vs-nu", "leakage"):
         assert f"## {name}" in text
         assert f"Not run yet: `python -m experiments {name}" not in text
+    for name in ("fairness", "personalized-budgets", "scale"):
+        assert f"Not run yet: `python -m experiments {name}" in text
     assert "0.561" in text  # 001 Table 2, ν = 15, quoted next to ours
     assert (tmp_path / "results" / "accuracy-vs-nu" / "accuracy_vs_nu.png").is_file()
