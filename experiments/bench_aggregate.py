@@ -37,23 +37,15 @@ from strategies import ClusteredStrategy
 K = 5
 
 
-class _Proxy(ClientProxy):
-    """A client proxy that only carries a node id (aggregate_fit never calls it)."""
+def _never(self, ins, timeout, group_id):
+    """Never called: ``aggregate_fit`` reads the node id alone."""
+    raise NotImplementedError
 
-    def get_properties(self, ins, timeout, group_id):
-        raise NotImplementedError
 
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
+class NodeProxy(ClientProxy):
+    """A client proxy that only carries a node id (the tests' fake client, too)."""
 
-    def fit(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
+    get_properties = get_parameters = fit = evaluate = reconnect = _never
 
 
 def make_replies(
@@ -77,7 +69,7 @@ def make_replies(
             metrics={"declined": 0, "sigma": sigma, "mechanism": "laplace",
                      "client-name": f"client-{i}"},
         )
-        results.append((_Proxy(str(i)), res))
+        results.append((NodeProxy(str(i)), res))
     # Start each hypothesis near its centre, perturbed: k-means has work to do.
     hypotheses = centres + np.float32(3.0) * rng.standard_normal((K, params), dtype=np.float32)
     return list(hypotheses), results

@@ -23,28 +23,14 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from scipy import stats
 
+from experiments.bench_aggregate import NodeProxy
 from strategies import ClusteredStrategy, RoundRecord
 
 F32 = np.float32
 
 
-class FakeProxy(ClientProxy):
-    """Carries a node id only; the strategy never talks to a client itself."""
-
-    def get_properties(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def get_parameters(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def fit(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def evaluate(self, ins, timeout, group_id):
-        raise NotImplementedError
-
-    def reconnect(self, ins, timeout, group_id):
-        raise NotImplementedError
+#: Carries a node id only; the strategy never talks to a client itself.
+FakeProxy = NodeProxy
 
 
 class FakeManager(ClientManager):
