@@ -34,3 +34,14 @@ def flower_processes() -> list[str]:
         if any(n in cmd for n in names):
             out.append(f"{p.pid} {cmd[:80]}")
     return out
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the longest files first: ``slow`` ones, then ``integration`` ones, then the rest.
+
+    ``./gpfl.sh test`` hands whole files to two workers in collection order; starting the two
+    long experiment files at once and filling in with the short ones keeps the workers' loads
+    even (longest-processing-time-first). The sort is stable: a file keeps its own order.
+    """
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("integration") is None))
