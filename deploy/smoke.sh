@@ -185,6 +185,17 @@ build_image() {
 
 # ---------------------------------------------------------------- teardown
 FILES=(-f "$HERE/compose.yml")
+# The smoke test's devices opt in to seeded noise (as the experiments' virtual devices do), so
+# that a CI run is reproducible: the run's seed never reaches the noise, a device's own
+# noise-seed does. A real device leaves both unset.
+{
+    echo "services:"
+    for s in "${SUPERNODES[@]}"; do
+        printf '  %s:\n    environment:\n      GPFL_NODE_CONFIG_EXTRA: "allow-seeded-noise=true noise-seed=%s"\n' \
+            "$s" "$SEED"
+    done
+} >"$WORK/compose.seeded.yml"
+FILES+=(-f "$WORK/compose.seeded.yml")
 compose() { "${COMPOSE[@]}" -p "$PROJECT" --profile tools "${FILES[@]}" "$@"; }
 
 ids_of() {  # what this project made, by compose label
@@ -318,7 +329,8 @@ uniq=$(printf '%s\n' "${IPS[@]}" | sort -u | wc -l)
 # ---------------------------------------------------------------- run
 OUT=/data/results/smoke
 # Ten local epochs and noise as large as the update (nu = 1) so that 3 clients
-# get near the optima in a few rounds; a fixed seed keeps CI reproducible.
+# get near the optima in a few rounds; the run's seed and the devices' noise seeds (above)
+# keep CI reproducible.
 CONFIG="task=\"synthetic\" num-hypotheses=2 num-rounds=$ROUNDS clients-per-round=3"
 CONFIG+=" local-epochs=10 mechanism=\"laplace\" noise-multiplier=1.0 seed=$SEED"
 CONFIG+=" eval-every=1 patience=$ROUNDS out-dir=\"$OUT\""
