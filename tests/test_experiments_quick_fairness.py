@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 __all__ = ["root"]  # the module-scoped fixture: this file's own temporary root
 
 
-@pytest.mark.timeout(360)
+@pytest.mark.timeout(600)
 def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None:
     rows = _run(root, "fairness")
     synthetic = [r for r in rows if r["dataset"] == "synthetic"]
@@ -43,7 +43,7 @@ def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None
                                           "figure2_8_fairness_digits.png"]
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(450)
 def test_personalized_budgets_weighted_and_probability_beat_the_mean(root: Path) -> None:
     rows = _run(root, "personalized-budgets")
     assert {r["panel"] for r in rows} == {"digits-iid-gaussian"}
@@ -63,7 +63,7 @@ def test_personalized_budgets_weighted_and_probability_beat_the_mean(root: Path)
     assert all(float(r["max_epsilon"]) > 10 * 1.5 for r in rows), rows
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_scale_thousand_users_hundred_per_round(root: Path) -> None:
     rows = _run(root, "scale")
     (row,) = rows
