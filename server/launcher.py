@@ -251,6 +251,11 @@ def launch(
                 signal.signal(s, handler)
 
 
+def _number(value: Any) -> str:
+    """Format a spend for people: 6 significant digits (a sum of 0.4s prints 6.8)."""
+    return "-" if value is None else f"{float(value):.6g}"
+
+
 def describe(result: LaunchResult) -> str:
     """Return the closing lines printed after a launch."""
     s = result.summary
@@ -266,8 +271,8 @@ def describe(result: LaunchResult) -> str:
         "gpfl: hypotheses " + "; ".join(
             "[" + ", ".join(f"{v:.3f}" for v in h[:6]) + (", ..." if len(h) > 6 else "") + "]"
             for h in s.get("hypotheses", [])),
-        f"gpfl: privacy spend ({priv.get('unit')}; {source}): median {spend.get('median')}, "
-        f"max {spend.get('max')}",
+        f"gpfl: privacy spend ({priv.get('unit')}; {source}): "
+        f"median {_number(spend.get('median'))}, max {_number(spend.get('max'))}",
         f"gpfl: results in {result.out_dir}/summary.json"
         + (f", figure {result.figure}" if result.figure else ""),
     ]
