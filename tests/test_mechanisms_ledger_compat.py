@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from mechanisms import (
     GaussianReleaseEvent,
     MetricPrivacyEvent,
@@ -21,12 +19,10 @@ from tests.test_ledger import (
     DELTA,
     lock_of,
     metric,
+    path,
 )
 
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "ledgers" / "client-0.json"
+__all__ = ["path"]  # the fixture, shared with tests/test_ledger.py
 
 
 # -- ledgers written by earlier code ----------------------------------------------------------

@@ -25,14 +25,12 @@ from tests.test_ledger import (
     kill_after_one_line,
     lock_of,
     metric,
+    path,
     run_python,
     snapshot,
 )
 
-
-@pytest.fixture
-def path(tmp_path: Path) -> Path:
-    return tmp_path / "ledgers" / "client-0.json"
+__all__ = ["path"]  # the fixture, shared with tests/test_ledger.py
 
 
 # -- corrupt files are never reset -------------------------------------------------------------
