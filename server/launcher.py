@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from client.policy import DevicePolicy
 from server.federation import (
     CONNECTION,
     Federation,
@@ -180,6 +181,10 @@ def launch(
                       "node_env": node_env})
     policy_file = out / "policy.toml"
     policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()))
+    # Where each device keeps its ledger, as the device itself resolves it (its node config
+    # over the launch policy): read back after the run.
+    ledger_paths = [DevicePolicy.load({"policy-file": str(policy_file), **node}).ledger_path
+                    for node in nodes.values()]
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -234,7 +239,7 @@ def launch(
                       f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
         # A ServerApp that dies says nothing: its summary still reads "running".
         summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
-        summary = add_ledgers(out, summary, Path(str(device_policy["ledger-dir"])).expanduser())
+        summary = add_ledgers(out, summary, ledger_paths)
         figure = plot_summary(summary, out / "figure.png")
         if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
             raise LaunchError(

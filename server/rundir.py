@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,14 +90,15 @@ def resume_arguments(run_dir: Path) -> dict[str, Any]:
     return dict(saved)
 
 
-def ledger_report(ledger_dir: Path, mechanism: str) -> dict[str, Any] | None:
-    """Read every ledger in ``ledger_dir``; return the ``ledgers`` section of the summary.
+def ledger_report(ledgers: Iterable[Path], mechanism: str) -> dict[str, Any] | None:
+    """Read the devices' ledger files; return the ``ledgers`` section of the summary.
 
     ``spend`` is in the unit of the run's privacy report (Σ ε·r for Laplace, the composed ε for
-    Gaussian and sign). Returns ``None`` when the folder has no ledger. An unreadable ledger is
-    listed with its error, never skipped silently.
+    Gaussian and sign). A ledger that does not exist (a device that never released) is left
+    out; returns ``None`` when none exists. An unreadable ledger is listed with its error, never
+    skipped silently.
     """
-    paths = sorted(ledger_dir.glob("*.json")) if ledger_dir.is_dir() else []
+    paths = sorted({Path(p) for p in ledgers if Path(p).is_file()})
     if not paths:
         return None
     delta = float(setting("delta").default)
@@ -110,20 +111,22 @@ def ledger_report(ledger_dir: Path, mechanism: str) -> dict[str, Any] | None:
             per_client[path.stem] = {"error": str(err)}
             continue
         spend = spent.d_privacy if mechanism == "laplace" else spent.epsilon
-        per_client[path.stem] = {"spend": spend, **spent.to_dict()}
+        per_client[path.stem] = {"spend": spend, "path": str(path), **spent.to_dict()}
     spends = [c["spend"] for c in per_client.values() if "spend" in c]
     return {
-        "source": f"the devices' ledgers in {ledger_dir}, read after the run",
+        "source": "the devices' ledgers, read after the run",
         "per_client": per_client,
         "median": statistics.median(spends) if spends else None,
         "max": max(spends) if spends else None,
     }
 
 
-def add_ledgers(out_dir: Path, summary: dict[str, Any], ledger_dir: Path) -> dict[str, Any]:
+def add_ledgers(
+    out_dir: Path, summary: dict[str, Any], ledgers: Iterable[Path]
+) -> dict[str, Any]:
     """Add :func:`ledger_report` to ``summary`` (and to ``summary.json``); return it."""
     mechanism = str(summary.get("privacy", {}).get("mechanism", "laplace"))
-    report = ledger_report(ledger_dir, mechanism)
+    report = ledger_report(ledgers, mechanism)
     if report is not None:
         summary = {**summary, "ledgers": report}
         write_json_atomic(out_dir / "summary.json", summary)

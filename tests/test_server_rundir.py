@@ -83,27 +83,36 @@ def write_ledger(folder: Path, name: str, costs: list[float]) -> None:
 
 
 def test_the_ledgers_section_holds_what_each_ledger_holds(tmp_path: Path) -> None:
-    # Prepare: two devices spent 0.4 + 0.4 and 0.4; a third ledger is garbage.
+    # Prepare: two devices in the shared folder spent 0.4 + 0.4 and 0.4; a third keeps its
+    # ledger elsewhere (its own ledger-path) and spent 0.4; a fourth's ledger is garbage; a
+    # fifth never released (no file).
     folder = tmp_path / "ledgers"
     write_ledger(folder, "client-0", [0.4, 0.4])
     write_ledger(folder, "client-1", [0.4])
-    (folder / "client-2.json").write_text("not a ledger")
+    write_ledger(tmp_path / "own", "client-2", [0.4])
+    (folder / "client-3.json").write_text("not a ledger")
+    paths = [folder / "client-0.json", folder / "client-1.json",
+             tmp_path / "own" / "client-2.json", folder / "client-3.json",
+             folder / "client-4.json"]
     summary = {"status": "incomplete", "privacy": {"mechanism": "laplace", "max": 0.4}}
 
     # Execute
-    out = add_ledgers(tmp_path, summary, folder)
+    out = add_ledgers(tmp_path, summary, paths)
 
-    # Assert: Σ ε·r per device, median and max over the readable ones; the bad one is named.
+    # Assert: Σ ε·r per device, median and max over the readable ones; the bad one is named,
+    # the one that never released is absent.
     section = out["ledgers"]["per_client"]
+    assert sorted(section) == ["client-0", "client-1", "client-2", "client-3"]
     assert section["client-0"]["spend"] == pytest.approx(0.8)
     assert section["client-0"]["releases"] == 2
     assert section["client-1"]["spend"] == pytest.approx(0.4)
-    assert "error" in section["client-2"]
+    assert section["client-2"]["spend"] == pytest.approx(0.4)
+    assert "error" in section["client-3"]
     assert out["ledgers"]["max"] == pytest.approx(0.8)
-    assert out["ledgers"]["median"] == pytest.approx(0.6)
+    assert out["ledgers"]["median"] == pytest.approx(0.4)
     assert json.loads((tmp_path / "summary.json").read_text())["ledgers"]["max"] == \
         pytest.approx(0.8)
-    assert ledger_report(tmp_path / "nowhere", "laplace") is None
+    assert ledger_report([tmp_path / "nowhere.json"], "laplace") is None
 
 
 def test_the_watch_reports_a_dead_supernode_and_ends_the_run_when_the_superlink_dies(
