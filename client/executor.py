@@ -65,9 +65,12 @@ __all__ = ["RuntimeConnection", "TaskOutcome", "main", "serve", "serve_task"]
 
 logger = logging.getLogger("gpfl.executor")
 
-#: Seconds between ``AcquireTask`` polls when idle. The SuperNode itself waits 3 s between polls
-#: of the SuperLink, so 0.2 s adds little to a round and costs a few local requests a second.
-DEFAULT_POLL_INTERVAL = 0.2
+#: Seconds between ``AcquireTask`` polls when idle: Flower's own SuperExec default
+#: (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s). The SuperNode waits 3 s between polls of the
+#: SuperLink anyway; polling faster cost more than it saved: at 0.2 s, 20 idle executors and
+#: their SuperNodes kept about half of a 2-core machine busy answering each other
+#: (docs/BENCHMARKS.md).
+DEFAULT_POLL_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The tests: synthetic with 200 users (40 in the minority) instead of 1,000, at ν = 1;
     # digits without noise (where k = 2 against k = 1 is checked).
     "smoke": {"nus": {"synthetic": [1.0], "digits": [0.0]}, "ks": [1, 2], "seeds": [0],
-              "num-rounds": 30, "users": 200, "digits-rounds": 30},
+              "num-rounds": 20, "users": 200, "digits-rounds": 30},
 }
 
 

@@ -28,7 +28,7 @@ COLUMNS = ("users", "clients_per_round", "rounds", "wall_s", "startup_s", "round
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"users": [1000, 5000], "rounds": 30},
     "quick": {"users": [1000], "rounds": 10},
-    "smoke": {"users": [1000], "rounds": 4},
+    "smoke": {"users": [1000], "rounds": 3},
 }
 
 

@@ -81,7 +81,7 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
 EXIT_INCOMPLETE = 3
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
-                       "engine")
+                       "engine", "app_defaults")
 
 
 def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,8 +105,13 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
     for text in args.policy:
         policy.update(parse_config_args([text]) if text.endswith(".toml")
                       else parse_pairs(text, "--policy"))
+    from server.quickstart import QUICKSTART_SUPERNODES, quickstart_run_config
+
+    supernodes = QUICKSTART_SUPERNODES if args.supernodes is None else args.supernodes
+    if not args.app_defaults:
+        run_config = quickstart_run_config(supernodes, run_config)
     return {
-        "supernodes": 10 if args.supernodes is None else args.supernodes,
+        "supernodes": supernodes,
         "run_config": run_config,
         "out_dir": Path(args.out) if args.out else None,
         "node_configs": parse_node_configs(args.node_config),
@@ -189,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="run a local federation of real Flower processes (gRPC)")
-    p.add_argument("--supernodes", type=int, help="number of SuperNodes (clients, default 10)")
+    p.add_argument("--supernodes", type=int,
+                   help="number of SuperNodes (clients, default 20: the quickstart)")
     p.add_argument("--run-config", action="append", default=[], metavar='"k=v ..."',
                    help="override app settings (keys of [tool.flwr.app.config])")
     p.add_argument("--node-config", action="append", default=[], metavar='"INDEX:k=v ..."',
@@ -198,6 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", action="append", default=[], metavar='"k=v ..." | FILE.toml',
                    help="device settings every SuperNode applies (its privacy policy: "
                         "mechanisms, caps, bounds; see docs/SETTINGS.md)")
+    p.add_argument("--app-defaults", action="store_true",
+                   help="start from the app's run-config defaults (the paper's setting: 7 "
+                        "clients a round, one local epoch) instead of the quickstart's (every "
+                        "SuperNode each round, 5 local epochs, up to 60 rounds, patience 15; "
+                        "server/quickstart.py)")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
     p.add_argument("--tls", action="store_true",

@@ -276,6 +276,9 @@ def describe(result: LaunchResult) -> str:
         "gpfl: hypotheses " + "; ".join(
             "[" + ", ".join(f"{v:.3f}" for v in h[:6]) + (", ..." if len(h) > 6 else "") + "]"
             for h in s.get("hypotheses", [])),
+        *([] if not s.get("optima_distances") else [
+            "gpfl: distance from each optimum to its nearest hypothesis: "
+            + ", ".join(f"{d:.3f}" for d in s["optima_distances"])]),
         f"gpfl: privacy spend ({priv.get('unit')}; {source}): "
         f"median {_number(spend.get('median'))}, max {_number(spend.get('max'))}",
         f"gpfl: results in {result.out_dir}/summary.json"

@@ -101,8 +101,28 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
     }
 
 
-def round_line(record: Any, num_rounds: int, privacy: Mapping[str, Any]) -> str:
-    """One human-readable line per round (the launcher prints these)."""
+def optima_distances(hypotheses: list[list[float]], optima: Any) -> list[float] | None:
+    """For each known optimum, the distance to its nearest hypothesis (None without optima).
+
+    Only generated tasks know their optima (``task_info["optima"]``, e.g. the synthetic task);
+    the hypotheses are flat, as in ``summary.json``.
+    """
+    if not optima or not hypotheses:
+        return None
+    h = np.asarray(hypotheses, dtype=np.float64)
+    opt = np.asarray(optima, dtype=np.float64)
+    if h.ndim != 2 or opt.ndim != 2 or h.shape[1] != opt.shape[1]:
+        return None
+    return [float(np.min(np.linalg.norm(h - o, axis=1))) for o in opt]
+
+
+def round_line(record: Any, num_rounds: int, privacy: Mapping[str, Any],
+               distances: list[float] | None = None) -> str:
+    """One human-readable line per round (the launcher prints these).
+
+    ``distances`` (the current hypotheses' :func:`optima_distances`) adds ``to-optima`` with
+    the largest of them: the run has found every group when it is small.
+    """
     loss = "-" if record.val_loss is None else f"{record.val_loss:.4f}"
     median = privacy.get("median")
     maximum = privacy.get("max")
@@ -115,7 +135,9 @@ def round_line(record: Any, num_rounds: int, privacy: Mapping[str, Any]) -> str:
         f"clusters {list(record.cluster_sizes)} replies {record.replies} "
         f"missing {len(getattr(record, 'missing', []))} "
         f"declined {record.declined} dropped {len(record.dropped)} failed {record.failures} "
-        f"spend(median/max) {spend}" + (f" (hypotheses kept: {kept})" if kept else "")
+        f"spend(median/max) {spend}"
+        + ("" if distances is None else f" to-optima {max(distances):.2f}")
+        + (f" (hypotheses kept: {kept})" if kept else "")
     )
 
 
@@ -310,6 +332,11 @@ class RunRecorder:
                 s.best_hypotheses if s.best_hypotheses is not None else s.hypotheses
             ),
             "last_hypotheses": flat_hypotheses(s.hypotheses),
+            # Where the task knows its optima: each one's distance to the nearest delivered
+            # hypothesis (null otherwise).
+            "optima_distances": optima_distances(
+                flat_hypotheses(s.best_hypotheses if s.best_hypotheses is not None
+                                else s.hypotheses), self.task_info.get("optima")),
             "initial_hypotheses": self.initial_hypotheses,
             "history": self.history,
             "resumed": self.resumed,
@@ -347,7 +374,9 @@ class RunRecorder:
         self.history.append(history_entry(record))
         self.checkpoint()
         summary = self.write()
-        logger.info(round_line(record, self.num_rounds, summary["privacy"]))
+        distances = optima_distances(summary["last_hypotheses"],
+                                     self.task_info.get("optima"))
+        logger.info(round_line(record, self.num_rounds, summary["privacy"], distances))
         if self.strategy.stopped_early and record.val_loss is not None:
             logger.info("%s stopped early after round %d: no improvement", ROUND_TAG,
                         record.round)

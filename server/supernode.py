@@ -113,8 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help=f"the SuperNode's local Runtime API port (default {DEFAULT_PORT}); one "
                         "per SuperNode on a host")
-    p.add_argument("--poll-interval", type=float, default=0.2,
-                   help="seconds between the executor's polls for a task when idle")
+    p.add_argument("--poll-interval", type=float, default=None,
+                   help="seconds between the executor's polls for a task when idle (default: "
+                        "the executor's, 1 s as Flower's SuperExec)")
     p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="-- FLOWER_ARGS",
                    help="anything after `--` is passed to flower-supernode as given")
 
@@ -139,14 +140,17 @@ def supernode_argv(args: argparse.Namespace) -> list[str]:
     return argv + extra
 
 
-def executor_argv(port: int, poll_interval: float, parent_pid: int) -> list[str]:
-    """Return the warm executor's command line (this interpreter, this installation)."""
+def executor_argv(port: int, poll_interval: float | None, parent_pid: int) -> list[str]:
+    """Return the warm executor's command line (this interpreter, this installation).
+
+    ``poll_interval`` None leaves the executor's own default (`client.executor`).
+    """
     # The Runtime API is served on 127.0.0.1 (Flower's default host): only this machine reaches it.
     # -P: the working directory is not put on sys.path, so a `client/` folder wherever the
     # runner was started cannot stand in for the installed one.
+    poll = [] if poll_interval is None else ["--poll-interval", str(poll_interval)]
     return [sys.executable, "-P", "-m", "client.executor", "--runtime-api-address",
-            f"127.0.0.1:{port}", "--poll-interval", str(poll_interval),
-            "--parent-pid", str(parent_pid)]
+            f"127.0.0.1:{port}", *poll, "--parent-pid", str(parent_pid)]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -209,7 +213,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
     if not 0 < args.port < 65536:
         echo(f"--port must be 1..65535, got --port={args.port}")
         return 2
-    if not args.poll_interval > 0:
+    if args.poll_interval is not None and not args.poll_interval > 0:
         echo(f"--poll-interval must be > 0, got --poll-interval={args.poll_interval}")
         return 2
     supernode: subprocess.Popen[bytes] | None = None

@@ -96,9 +96,12 @@ def test_flower_flags_are_passed_through_in_process_isolation() -> None:
         i = argv.index(pair[0])
         assert argv[i:i + 2] == pair
     assert "--insecure" not in argv
-    ex = supernode.executor_argv(9200, 0.2, 77)
+    ex = supernode.executor_argv(9200, 0.5, 77)
     assert ex[:4] == [sys.executable, "-P", "-m", "client.executor"]
     assert "127.0.0.1:9200" in ex and ex[-2:] == ["--parent-pid", "77"]
+    assert ex[ex.index("--poll-interval") + 1] == "0.5"
+    # No interval given: the executor's own default, declared once in client.executor.
+    assert "--poll-interval" not in supernode.executor_argv(9200, None, 77)
 
 
 def test_a_bad_node_config_fails_at_once_naming_key_and_value(capsys: pytest.CaptureFixture[str],

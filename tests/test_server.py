@@ -99,7 +99,7 @@ def test_plot_of_a_two_parameter_run(tmp_path: Path) -> None:
 
 def test_build_components_gives_k_hypotheses_and_the_round_budget(tmp_path: Path) -> None:
     components, _ = build_components({**DEFAULTS, "out-dir": str(tmp_path), "seed": 1})
-    strategy = components.strategy
+    strategy = components.server.strategy
     assert components.config.num_rounds == DEFAULTS["num-rounds"]
     assert len(strategy.hypotheses) == 2  # type: ignore[attr-defined]
     # Round 0 is evaluated and written at once.
@@ -108,6 +108,9 @@ def test_build_components_gives_k_hypotheses_and_the_round_budget(tmp_path: Path
     assert summary["history"][0]["round"] == 0
     assert np.asarray(summary["hypotheses"]).shape == (2, 2)
     assert summary["task_info"]["optima"] == [[5.0, 6.0], [4.0, -4.5]]
+    assert len(summary["optima_distances"]) == 2 and min(summary["optima_distances"]) > 0
+    # Every sampled client's instruction goes out at once (Flower's default pool is CPUs + 4).
+    assert components.server.max_workers == DEFAULTS["clients-per-round"]
 
 
 def test_cli_pairs_take_toml_values() -> None:
@@ -151,3 +154,27 @@ def test_toml_values_the_launcher_writes_read_back_in_flower() -> None:
     assert parse_pairs(line, "--run-config") == parse_config_args([line])
     assert [toml_value(v) for v in (True, 3, 2.5, "a\"b", float("inf"))] == [
         "true", "3", "2.5", '"a\\"b"', "inf"]
+
+
+def test_optima_distances_take_each_optimum_to_its_nearest_hypothesis() -> None:
+    from server.results import optima_distances
+
+    hyps = [[5.0, 6.5], [4.0, -4.5], [100.0, 100.0]]
+    assert optima_distances(hyps, [[5, 6], [4, -4.5]]) == pytest.approx([0.5, 0.0])
+    # Both optima nearest to one hypothesis: the other optimum stays far.
+    assert optima_distances([[5.0, 6.0], [5.0, 6.0]], [[5, 6], [4, -4.5]]) == pytest.approx(
+        [0.0, float(np.hypot(1.0, 10.5))])
+    assert optima_distances(hyps, None) is None
+    assert optima_distances(hyps, [[1.0, 2.0, 3.0]]) is None  # another dimension: not comparable
+
+
+def test_the_round_line_shows_the_largest_distance_to_the_optima() -> None:
+    from types import SimpleNamespace
+
+    from server.results import round_line
+
+    record = SimpleNamespace(round=3, val_loss=0.7, cluster_sizes=[5, 5], replies=10,
+                             missing=[], declined=0, dropped=[], failures=0, kept=None)
+    line = round_line(record, 40, {"median": 1.2, "max": 1.6}, [0.31, 2.5])
+    assert "round 3/40" in line and line.endswith("spend(median/max) 1.2/1.6 to-optima 2.50")
+    assert "to-optima" not in round_line(record, 40, {}, None)

@@ -54,7 +54,7 @@ def play(strategy: ClusteredStrategy, manager: FakeManager, flower_rounds: range
 
 def started(cfg: dict[str, Any]) -> tuple[ClusteredStrategy, Any]:
     components, _ = build_components(cfg)
-    strategy = components.strategy
+    strategy = components.server.strategy
     assert isinstance(strategy, ClusteredStrategy)
     strategy.evaluate(0, Parameters([], ""))
     return strategy, components
@@ -203,7 +203,7 @@ def test_resume_from_continues_the_run_and_ends_where_an_uninterrupted_one_does(
     cfg = config(tmp_path / "run", **{"resume-from": str(tmp_path / "run")})
     del cfg["out-dir"]
     components, recorder = build_components(cfg)
-    resumed = components.strategy
+    resumed = components.server.strategy
     assert isinstance(resumed, ClusteredStrategy)
     assert components.config.num_rounds == 2 and resumed.last_round == 2
     assert resumed.evaluate(0, Parameters([], "")) is None  # round 2, already recorded
@@ -258,7 +258,7 @@ def test_resuming_after_round_0_does_not_record_round_0_twice(tmp_path: Path) ->
     started(config(tmp_path))  # round 0 recorded and checkpointed, then the ServerApp died
 
     components, _ = build_components(config(tmp_path, **{"resume-from": str(tmp_path)}))
-    strategy = components.strategy
+    strategy = components.server.strategy
     assert isinstance(strategy, ClusteredStrategy)
     assert strategy.evaluate(0, Parameters([], "")) is None
     play(strategy, FakeManager(NODES), range(1, 5))

@@ -182,3 +182,26 @@ def test_resume_takes_the_federation_from_the_run_directory(
         cli.main(["launch", "--resume", str(run), "--supernodes", "4", "--tls"])
     assert cli.main(["launch", "--resume", str(tmp_path / "none")]) == 1
 
+
+
+def test_a_bare_launch_asks_for_the_quickstart_and_the_command_line_wins(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from server.quickstart import QUICKSTART_RUN_CONFIG, QUICKSTART_SUPERNODES
+
+    seen: list[dict[str, Any]] = []
+    monkeypatch.setattr("server.launcher.launch",
+                        lambda **kwargs: seen.append(kwargs) or result("complete"))
+    assert cli.main(["launch"]) == 0
+    assert seen[-1]["supernodes"] == QUICKSTART_SUPERNODES
+    assert seen[-1]["run_config"] == {**QUICKSTART_RUN_CONFIG,
+                                      "clients-per-round": QUICKSTART_SUPERNODES}
+    # Every SuperNode each round, whatever their number; a given key wins over the preset.
+    assert cli.main(["launch", "--supernodes", "8", "--run-config", "local-epochs=2"]) == 0
+    assert seen[-1]["run_config"]["clients-per-round"] == 8
+    assert seen[-1]["run_config"]["local-epochs"] == 2
+    # --app-defaults: only what was given; the app's defaults (the paper's setting) do the rest.
+    assert cli.main(["launch", "--app-defaults", "--run-config", "num-rounds=3"]) == 0
+    assert seen[-1]["run_config"] == {"num-rounds": 3}
+    with pytest.raises(SystemExit, match="--app-defaults cannot be given with it"):
+        cli.main(["launch", "--resume", "/runs/x", "--app-defaults"])
