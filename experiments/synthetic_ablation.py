@@ -59,7 +59,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # users, all of them every round, E = 5): 20 releases a round instead of 7 reach the optima
     # in ~30-45 rounds instead of ~250 (docs/USAGE.md, "What convergence takes").
     "smoke": {"num-rounds": 60, "patience": 0, "seeds": [0], "methods": ["fedavg", "ours"],
-              "rounds": {"fedavg": 30}, "users": 20,
+              "rounds": {"fedavg": 15}, "users": 20,
               "setting": {"clients-per-round": 20, "local-epochs": 5}},
 }
 USERS = 100

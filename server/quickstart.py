@@ -15,11 +15,10 @@ The quickstart keeps that privacy and changes only what the method leaves free:
 * up to 60 rounds, stopped after 15 without a better validation loss, and the best
   validation round's hypotheses are the result.
 
-In an in-process replica of this setting (docs/USAGE.md, "What convergence takes") both
-hypotheses were within 0.5 of their optima after 9-31 rounds in 10 of 10 seeds, for the
-paper's optima and for two other well-separated pairs. More SuperNodes would need fewer
-rounds but each round costs more: on 2 cores, 20 real SuperNodes take ~7 s a round, 30 take
-~14 s.
+Measured over real processes (docs/USAGE.md, "What convergence takes"): the quickstart ends
+within 0.5 of both optima, for the paper's optima and for another well-separated pair. More
+SuperNodes would need fewer rounds, but each round costs more: on 2 cores 20 real SuperNodes take
+~7 s a round, 30 take ~14 s.
 """
 
 from __future__ import annotations

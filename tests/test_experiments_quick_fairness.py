@@ -1,7 +1,7 @@
 """The fairness, personalized-budgets and scale experiments, run for real on the Simulation Engine.
 
 The other experiments are in ``test_experiments_quick.py`` (its docstring says how they run);
-this file is apart so that the two files run side by side on two pytest workers (~7 minutes).
+this file is apart so that the two files run side by side on two pytest workers (~9 minutes).
 """
 
 from __future__ import annotations
