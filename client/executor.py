@@ -67,9 +67,8 @@ logger = logging.getLogger("gpfl.executor")
 
 #: Seconds between ``AcquireTask`` polls when idle: Flower's own SuperExec default
 #: (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s). The SuperNode waits 3 s between polls of the
-#: SuperLink anyway; polling faster cost more than it saved: at 0.2 s, 20 idle executors and
-#: their SuperNodes kept about half of a 2-core machine busy answering each other
-#: (docs/BENCHMARKS.md).
+#: SuperLink anyway, and 0.2 s did not shorten a round (docs/BENCHMARKS.md): it only made five
+#: times the idle requests, which 20 devices on a 2-core machine pay for in CPU.
 DEFAULT_POLL_INTERVAL = 1.0
 
 

@@ -34,6 +34,7 @@ from experiments.common import Context, FederationSpec
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
 from experiments.tables import mean_pm_std, spends_of
+from server.results import optima_distances
 
 NAME = "synthetic-ablation"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
@@ -103,8 +104,9 @@ def grid(ctx: Context) -> list[Cell]:
 
 def distances(hypotheses: list[list[float]]) -> list[float]:
     """For each optimum, the distance to the nearest hypothesis."""
-    h = np.asarray(hypotheses, dtype=float)
-    return [float(np.min(np.linalg.norm(h - opt, axis=1))) for opt in OPTIMA]
+    found = optima_distances(hypotheses, OPTIMA.tolist())
+    assert found is not None, "hypotheses of the synthetic task are 2-dimensional"
+    return found
 
 
 def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ The quickstart keeps that privacy and changes only what the method leaves free:
 Measured over real processes (docs/USAGE.md, "What convergence takes"): the quickstart ends
 within 0.5 of both optima, for the paper's optima and for another well-separated pair. More
 SuperNodes would need fewer rounds, but each round costs more: on 2 cores 20 real SuperNodes take
-~7 s a round, 30 take ~14 s.
+~8 s a round, 30 take ~13 s.
 """
 
 from __future__ import annotations
