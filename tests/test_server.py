@@ -178,3 +178,18 @@ def test_the_round_line_shows_the_largest_distance_to_the_optima() -> None:
     line = round_line(record, 40, {"median": 1.2, "max": 1.6}, [0.31, 2.5])
     assert "round 3/40" in line and line.endswith("spend(median/max) 1.2/1.6 to-optima 2.50")
     assert "to-optima" not in round_line(record, 40, {}, None)
+
+
+def test_summary_json_keeps_large_hypotheses_exact_and_still_nulls_non_finite(
+        tmp_path: Path) -> None:
+    from server.results import write_json_atomic
+
+    rng = np.random.default_rng(0)
+    big = rng.standard_normal(1000).tolist()
+    bad = [*big[:99], float("nan"), *big[100:]]
+    write_json_atomic(tmp_path / "s.json", {"h": [big], "bad": bad}, indent=None)
+    back = json.loads((tmp_path / "s.json").read_text())
+    assert back["h"] == [big]  # exact: repr of a float round-trips
+    # The fast path only vouches for finite lists; a NaN still becomes null, not invalid JSON.
+    assert back["bad"][99] is None and back["bad"][:99] == big[:99]
+    assert len((tmp_path / "s.json").read_text().splitlines()) == 1
