@@ -328,6 +328,10 @@ class RunRecorder:
         """Return the current ``summary.json`` content."""
         s = self.strategy
         status, reason = self.status()
+        # What the run delivers: the hypotheses of the best validation round (early stopping
+        # keeps the best model); the last ones are kept for reference.
+        delivered = flat_hypotheses(
+            s.best_hypotheses if s.best_hypotheses is not None else s.hypotheses)
         return {
             "status": status,
             "incomplete_reason": reason,
@@ -339,17 +343,11 @@ class RunRecorder:
             "stopped_early": s.stopped_early,
             "best_val_loss": s.best_loss,
             "best_round": s.best_round,
-            # What the run delivers: the hypotheses of the best validation round
-            # (early stopping keeps the best model), and the last ones for reference.
-            "hypotheses": flat_hypotheses(
-                s.best_hypotheses if s.best_hypotheses is not None else s.hypotheses
-            ),
+            "hypotheses": delivered,
             "last_hypotheses": flat_hypotheses(s.hypotheses),
             # Where the task knows its optima: each one's distance to the nearest delivered
             # hypothesis (null otherwise).
-            "optima_distances": optima_distances(
-                flat_hypotheses(s.best_hypotheses if s.best_hypotheses is not None
-                                else s.hypotheses), self.task_info.get("optima")),
+            "optima_distances": optima_distances(delivered, self.task_info.get("optima")),
             "initial_hypotheses": self.initial_hypotheses,
             "history": self.history,
             "resumed": self.resumed,
