@@ -18,12 +18,14 @@ The ledger lives on the client's own disk (never sent anywhere) as one JSON file
 
 Every change happens under an exclusive ``fcntl.flock`` on the sidecar file
 ``<ledger>.lock``; the file is re-read under the lock, the change checked, then
-written to a temporary file in the same folder, flushed, fsync'ed, moved over the
-ledger with ``os.replace`` and the folder fsync'ed. A change therefore is on disk
-before :meth:`LedgerStore.update` returns, and a crash leaves either the old or the
-new file. Temporaries left by a writer that was killed are removed the next time
-the ledger is opened (:meth:`LedgerStore.remove_stale_temporaries`) and by the next
-write.
+written to the temporary file ``.<ledger>.tmp`` in the same folder, flushed,
+fsync'ed, moved over the ledger with ``os.replace`` and the folder fsync'ed. A change
+therefore is on disk before :meth:`LedgerStore.update` returns, and a crash leaves
+either the old or the new file. The temporary has one fixed name (only the holder
+of the exclusive lock writes it), so the one a killed writer left is found with one
+``stat``, not a scan of the folder, which the Simulation Engine's virtual devices
+share by the thousand: it is removed the next time the ledger is opened
+(:meth:`LedgerStore.remove_stale_temporaries`) and replaced by the next write.
 
 The ledger's spend must never go back to zero by accident. After each write the
 lock file records the ledger's generation (how many writes it has seen), and it
@@ -45,7 +47,6 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -68,10 +69,8 @@ VERSION = 1
 _GENERATION_RECORD = re.compile(rb"gpfl-privacy-ledger generation (\d{20})\n")
 _GENERATION_TEMPLATE = "gpfl-privacy-ledger generation {:020d}\n"
 
-# tempfile.mkstemp names its files prefix + 8 characters of [a-z0-9_] + suffix.
-# Matching exactly that keeps the cleanup off any other file, including the
-# temporaries of a ledger whose name merely starts with this one's.
-_MKSTEMP_RANDOM = "[a-z0-9_]{8}"
+# The temporary is created exclusively, never through a link someone put in its place.
+_TEMPORARY_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
 
 @dataclass(frozen=True)
@@ -112,6 +111,7 @@ class LedgerStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock_path = lock_path_of(path)
+        self.temporary_path = temporary_path_of(path)
 
     def load(self) -> LedgerState | None:
         """Read the ledger and check it against its lock file; ``None`` for no ledger.
@@ -155,13 +155,13 @@ class LedgerStore:
         return new
 
     def remove_stale_temporaries(self) -> None:
-        """Remove temporaries of this ledger that a writer killed mid-write left behind.
+        """Remove the temporary of this ledger that a writer killed mid-write left behind.
 
-        Does nothing (and creates nothing) when there are none, or when there is no
+        Does nothing (and creates nothing) when there is none, or when there is no
         lock file to hold: every writer creates the lock file before its temporary,
         so the next write will clean up instead.
         """
-        if not self._stale_temporaries():
+        if not os.path.lexists(self.temporary_path):
             return
         import fcntl  # POSIX only, as in load
 
@@ -205,10 +205,11 @@ class LedgerStore:
 
     def _write(self, state: LedgerState, lock_fd: int) -> None:
         payload = (json.dumps(_document(state), indent=1, allow_nan=False) + "\n").encode()
+        # A temporary still there was left by a writer killed mid-write (under the lock no
+        # other writer runs): removed, so that the exclusive create below cannot fail on it.
         self._remove_stale_temporaries()
-        fd, tmp = tempfile.mkstemp(
-            dir=self.path.parent, prefix=f".{self.path.name}.", suffix=".tmp"
-        )
+        tmp = self.temporary_path
+        fd = os.open(tmp, _TEMPORARY_FLAGS, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
@@ -228,35 +229,25 @@ class LedgerStore:
         # behind the file, which reads as a valid ledger, never as a rollback.
         _write_generation(lock_fd, state.generation)
 
-    def _stale_temporaries(self) -> list[str]:
-        """Return the paths of this ledger's temporaries (stale only if no writer is running)."""
-        pattern = re.compile(rf"\.{re.escape(self.path.name)}\.{_MKSTEMP_RANDOM}\.tmp")
-        try:
-            listing = os.scandir(self.path.parent)
-        except OSError:
-            return []
-        with listing:
-            return [
-                item.path
-                for item in listing
-                if pattern.fullmatch(item.name) and item.is_file(follow_symlinks=False)
-            ]
-
     def _remove_stale_temporaries(self) -> None:
-        """Remove this ledger's temporaries; the caller holds the exclusive lock.
+        """Remove this ledger's temporary; the caller holds the exclusive lock.
 
-        Under that lock no writer of this ledger is running, so every such file is
-        stale. A file that cannot be removed is left: it is clutter, not a reason to
-        refuse a charge.
+        Under that lock no writer of this ledger is running, so the file is stale.
+        One that cannot be removed is left here; the next write then fails to create
+        its temporary and refuses the charge (nothing is released).
         """
-        for name in self._stale_temporaries():
-            with _suppress_os_error():
-                os.unlink(name)
+        with _suppress_os_error():
+            os.unlink(self.temporary_path)
 
 
 def lock_path_of(path: Path) -> Path:
     """Return the lock file of the ledger ``path``: ``<path>.lock`` beside it."""
     return path.with_name(path.name + ".lock")
+
+
+def temporary_path_of(path: Path) -> Path:
+    """Return the temporary file of the ledger ``path``: ``.<name>.tmp`` beside it."""
+    return path.with_name(f".{path.name}.tmp")
 
 
 @contextmanager

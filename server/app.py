@@ -20,14 +20,17 @@ with the replies that arrived.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.common import Context
+from flwr.common import Context, Parameters, Scalar
 from flwr.server import Server, ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server.server import FitResultsAndFailures
 from flwr.serverapp import ServerApp
+from flwr.superlink.grid import InMemoryGrid
 
 from mechanisms import make_rng
 from server.checkpoint import CHECKPOINT_NAME, check_identity, read_checkpoint, run_identity
@@ -35,6 +38,7 @@ from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
 from settings import parse_optima
 from strategies import ClusteredStrategy, NormLimits
+from strategies.clustering import load_kmeans
 from tasks import load_task
 
 logger = logging.getLogger(__name__)
@@ -49,6 +53,50 @@ def _attach_flower_logging() -> None:
         lg.setLevel(logging.INFO)
         lg.propagate = False
         lg.handlers = list(flwr_logger.handlers)
+
+
+#: Instructions in flight per CPU on the Simulation Engine (see :class:`GpflServer`).
+SIMULATION_WORKERS_PER_CPU = 8
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (the container's share, where the OS says it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class GpflServer(Server):
+    """Flower's legacy ``Server``, sending a round's instructions from a pool sized per engine.
+
+    Under the Deployment Engine every sampled device gets a thread: the threads only wait on
+    the network, and fewer would send the instructions in waves, each waiting out the 3 s polls
+    of the SuperNodes and of the grid (the pool's size is set with ``set_max_workers``).
+
+    On the Simulation Engine (an in-memory grid) the ClientApps run in this machine's Ray
+    actors (Flower's default: one per 2 CPUs), and Flower's dispatcher checks every virtual node
+    against every instruction in flight every 0.1 s (``vce_api.add_messages_to_queue`` →
+    ``InMemoryLinkState.get_message_ins``). With 1,000 virtual nodes and 100 instructions in
+    flight that scan was the ServerApp process's largest CPU cost (56 % of it, sampled with
+    py-spy), taken from the actors on the same cores. A reply reaches the strategy within
+    Flower's two 0.1 s polls, so :data:`SIMULATION_WORKERS_PER_CPU` instructions per CPU keep
+    the actors busy while the scan stays small (docs/BENCHMARKS.md).
+    """
+
+    def fit_round(
+        self, server_round: int, timeout: float | None
+    ) -> tuple[Parameters | None, dict[str, Scalar], FitResultsAndFailures] | None:
+        """Size the pool for the engine, then run Flower's round."""
+        cap = SIMULATION_WORKERS_PER_CPU * _cpus()
+        if self._simulated() and (self.max_workers is None or self.max_workers > cap):
+            self.set_max_workers(cap)
+        return super().fit_round(server_round, timeout)
+
+    def _simulated(self) -> bool:
+        """Whether the clients are reached through the Simulation Engine's in-memory grid."""
+        proxy = next(iter(self.client_manager().all().values()), None)
+        return isinstance(getattr(proxy, "grid", None), InMemoryGrid)
 
 
 def norm_limits(settings: RunSettings) -> NormLimits:
@@ -133,9 +181,14 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     # Flower's Server sends each client's instruction from a thread pool whose default size is
     # min(32, CPUs + 4): 6 on a 2-core machine, so 20 sampled clients went out in 4 waves, each
     # waiting out the 3 s polls of the SuperNode and of the grid. One thread per sampled client
-    # sends them all at once (the threads only wait on the network).
-    server = Server(client_manager=SimpleClientManager(), strategy=strategy)
+    # sends them all at once (the threads only wait on the network); on the Simulation Engine
+    # GpflServer caps the pool per CPU instead.
+    server = GpflServer(client_manager=SimpleClientManager(), strategy=strategy)
     server.set_max_workers(settings.clients_per_round)
+    if settings.num_hypotheses > 1 and remaining > 0:
+        # k-means runs from the first aggregation on; its import (1-2 s) belongs to the start,
+        # not to round 1 (Flower times the rounds from after server_fn returns).
+        load_kmeans()
     components = ServerAppComponents(server=server, config=config)
     return components, recorder
 

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-__all__ = ["assign_clusters", "nearest_hypothesis", "seeded_kmeans"]
+__all__ = ["assign_clusters", "load_kmeans", "nearest_hypothesis", "seeded_kmeans"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -47,6 +47,15 @@ def nearest_hypothesis(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarr
     return np.argmin(scores, axis=1).astype(np.intp)
 
 
+def load_kmeans() -> None:
+    """Import scikit-learn's k-means now rather than in the first round's aggregation.
+
+    The import costs 1-2 s (SciPy included). The ServerApp calls this while it starts, so that
+    round 1 does not pay it on top of its clients; ``import strategies`` itself stays light.
+    """
+    from sklearn.cluster import KMeans  # noqa: F401
+
+
 def seeded_kmeans(released: np.ndarray, init: np.ndarray) -> np.ndarray:
     """Labels of scikit-learn's k-means (Lloyd) on ``released``, started from the rows of ``init``.
 
@@ -67,7 +76,8 @@ def seeded_kmeans(released: np.ndarray, init: np.ndarray) -> np.ndarray:
     scikit-learn's ``ConvergenceWarning`` (fewer distinct points than clusters, e.g. identical
     replies) is expected here and logged at INFO instead of being raised as a warning.
     """
-    # Imported here: sklearn costs ~2 s to import, and only the ServerApp needs it.
+    # Imported here: sklearn costs ~2 s to import, and only the ServerApp needs it (which
+    # imports it as it starts: load_kmeans).
     from sklearn.cluster import KMeans
     from sklearn.exceptions import ConvergenceWarning
 

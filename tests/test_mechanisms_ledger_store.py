@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from mechanisms import (
     LedgerRollbackError,
     PrivacyLedger,
 )
+from mechanisms.ledger_store import temporary_path_of
 from server.ledger_view import format_ledger
 from tests.test_ledger import (
     DELTA,
@@ -292,52 +292,70 @@ def test_a_file_with_a_bad_generation_is_corrupt(
 # -- temporaries of killed writers --------------------------------------------------------------
 
 
-def test_stale_temporaries_of_this_ledger_are_removed_by_the_next_write(path: Path) -> None:
-    # Prepare: temporaries as a writer killed mid-write leaves them (same mkstemp call),
-    # and files that must survive: another ledger's temporaries (including one whose name
-    # starts with this ledger's), and look-alikes that mkstemp would not have made.
+def stale_temporary(path: Path) -> Path:
+    """Leave the temporary a writer killed mid-write leaves: a partial ledger."""
+    temporary = temporary_path_of(path)
+    temporary.write_bytes(b'{"partial')
+    return temporary
+
+
+def test_the_temporary_is_one_fixed_name_beside_the_ledger(path: Path) -> None:
+    assert temporary_path_of(path) == path.parent / ".client-0.json.tmp"
+
+
+def test_a_stale_temporary_of_this_ledger_is_replaced_by_the_next_write(path: Path) -> None:
+    # Prepare: the temporary a killed writer left, and files that must survive: another
+    # ledger's temporaries (including one whose name starts with this ledger's) and
+    # look-alikes.
     ledger = PrivacyLedger(path, delta=DELTA)
     ledger.charge(metric(1.0), cap=None)
     folder = path.parent
-    stale = []
-    for _ in range(2):
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-        os.write(fd, b'{"partial')
-        os.close(fd)
-        stale.append(Path(name))
+    stale = stale_temporary(path)
     keep = [folder / name for name in (
-        ".client-0.json.x.abcdefgh.tmp",       # temporaries of ledger "client-0.json.x"
-        ".client-0.json.x.tmp",                # not mkstemp's form
-        ".client-0.json.abcdefghi.tmp",        # 9 random characters, not 8
-        "client-0.json.abcdefgh.tmp",          # no leading dot
-        ".client-0.json.abcdefgh.tmp.keep",    # another suffix
-        ".client-1.json.abcdefgh.tmp",         # another ledger
+        ".client-0.json.x.tmp",                # the temporary of ledger "client-0.json.x"
+        ".client-0.json.abcdefgh.tmp",         # a random name (not this store's form)
+        "client-0.json.tmp",                   # no leading dot
+        ".client-0.json.tmp.keep",             # another suffix
+        ".client-1.json.tmp",                  # another ledger
         "notes.txt",
     )]
     for p in keep:
         p.write_bytes(b"keep me")
-    fd, other = tempfile.mkstemp(dir=folder, prefix=".client-0.json.x.", suffix=".tmp")
-    os.close(fd)
-    keep.append(Path(other))
 
     # Execute
     ledger.record_decline()
 
     # Assert
-    assert not any(p.exists() for p in stale)
-    assert all(p.exists() for p in keep)
+    assert not stale.exists()
+    assert all(p.read_bytes() == b"keep me" for p in keep)
     assert ledger.spent().declines == 1
+
+
+def test_the_temporary_is_never_written_through_a_link(path: Path, tmp_path: Path) -> None:
+    # Prepare: a symbolic link where the temporary goes, pointing at a file elsewhere.
+    ledger = PrivacyLedger(path, delta=DELTA)
+    ledger.charge(metric(1.0), cap=None)
+    target = tmp_path / "elsewhere.txt"
+    target.write_bytes(b"untouched")
+    temporary_path_of(path).symlink_to(target)
+
+    # Execute
+    ledger.charge(metric(1.0), cap=None)
+
+    # Assert: the link was removed as a stale temporary, its target left alone.
+    assert target.read_bytes() == b"untouched"
+    assert not os.path.lexists(temporary_path_of(path))
+    assert ledger.spent().releases == 2
 
 
 def test_stale_temporaries_are_left_when_a_charge_is_refused(path: Path) -> None:
     # A refusal changes nothing on disk, not even clutter.
     ledger = PrivacyLedger(path, delta=DELTA)
     ledger.charge(metric(1.0), cap=None)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    name = stale_temporary(path)
     with pytest.raises(BudgetExceededError):
         ledger.charge(metric(1.0), cap=1.0)
-    assert Path(name).exists()
+    assert name.exists()
 
 
 def test_opening_the_ledger_removes_temporaries_a_killed_writer_left(path: Path) -> None:
@@ -356,9 +374,9 @@ def test_opening_the_ledger_removes_temporaries_a_killed_writer_left(path: Path)
         """)
     line, stderr = kill_after_one_line(child)
     assert line.strip() == "written", stderr
-    temporaries = sorted(path.parent.glob(f".{path.name}.*.tmp"))
-    assert len(temporaries) == 1
-    other = path.parent / ".client-1.json.abcdefgh.tmp"  # another ledger's: never touched
+    temporaries = sorted(path.parent.glob(f".{path.name}*.tmp"))
+    assert temporaries == [temporary_path_of(path)]
+    other = path.parent / ".client-1.json.tmp"  # another ledger's: never touched
     other.write_bytes(b"keep me")
     ledger_before, lock_before = path.read_bytes(), lock_of(path).read_bytes()
 
@@ -375,15 +393,14 @@ def test_opening_the_ledger_removes_temporaries_a_killed_writer_left(path: Path)
 def test_opening_a_refused_ledger_leaves_its_temporaries(path: Path) -> None:
     # Prepare: a stale temporary beside a ledger that has since been deleted.
     PrivacyLedger(path, delta=DELTA).charge(metric(1.0), cap=None)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    name = stale_temporary(path)
     path.unlink()
     before = snapshot(path.parent)
 
     # Execute / Assert: a refused ledger is left exactly as it is, clutter included.
     with pytest.raises(LedgerMissingError):
         PrivacyLedger(path, delta=DELTA)
-    assert Path(name).exists()
+    assert name.exists()
     assert snapshot(path.parent) == before
 
 
@@ -391,13 +408,12 @@ def test_opening_without_a_lock_file_creates_none_to_clean_up(path: Path) -> Non
     # Prepare: a temporary but no lock file (a writer always makes the lock file
     # first, so someone removed it); opening must not create one just to clean up.
     path.parent.mkdir(parents=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    name = stale_temporary(path)
 
     # Execute
     ledger = PrivacyLedger(path, delta=DELTA)
 
-    # Assert: left for the next write, which takes the lock and removes it.
-    assert Path(name).exists() and not lock_of(path).exists()
+    # Assert: left for the next write, which takes the lock and replaces it.
+    assert name.exists() and not lock_of(path).exists()
     ledger.record_decline()
-    assert not Path(name).exists()
+    assert not name.exists()

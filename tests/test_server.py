@@ -6,12 +6,17 @@ import json
 import tomllib
 from pathlib import Path
 from typing import Any
+from unittest.mock import Mock
 
 import click
 import numpy as np
 import pytest
 from flwr.common.config import parse_config_args
+from flwr.server import Grid, Server
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.superlink.grid import InMemoryGrid
 
+import server.app as server_app
 from server.app import build_components
 from server.cli import parse_node_configs, parse_pairs
 from server.results import plot_summary, privacy_report
@@ -111,6 +116,26 @@ def test_build_components_gives_k_hypotheses_and_the_round_budget(tmp_path: Path
     assert len(summary["optima_distances"]) == 2 and min(summary["optima_distances"]) > 0
     # Every sampled client's instruction goes out at once (Flower's default pool is CPUs + 4).
     assert components.server.max_workers == DEFAULTS["clients-per-round"]
+
+
+@pytest.mark.parametrize(("grid", "workers"), [(InMemoryGrid, 16), (Grid, 100)])
+def test_the_pool_is_capped_per_cpu_on_the_simulation_engine_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, grid: type, workers: int
+) -> None:
+    # Prepare: 100 sampled clients a round on a 2-CPU machine; Flower's round itself is not run.
+    components, _ = build_components({**DEFAULTS, "out-dir": str(tmp_path),
+                                      "clients-per-round": 100})
+    server = components.server
+    monkeypatch.setattr(server_app, "_cpus", lambda: 2)
+    monkeypatch.setattr(Server, "fit_round", lambda self, server_round, timeout: None)
+    server.client_manager().register(GridClientProxy(node_id=7, grid=Mock(spec=grid), run_id=1))
+
+    # Execute
+    server.fit_round(1, None)
+
+    # Assert: the in-memory grid (Simulation Engine) gets 8 threads per CPU, a real grid
+    # (Deployment Engine) one per sampled device.
+    assert server.max_workers == workers
 
 
 def test_cli_pairs_take_toml_values() -> None:
