@@ -171,12 +171,15 @@ def test_leakage_on_hospital_charges_when_a_csv_is_given(root: Path, tmp_path: P
 @pytest.mark.timeout(300)
 def test_dlg_reconstructs_at_small_nu_and_fails_at_large_nu(root: Path) -> None:
     rows = _run(root, "dlg")
-    assert _header(root, "dlg")[:5] == ["nu", "seed", "mse", "psnr", "ssim"]
     assert _header(root, "dlg") == list(ROW_KEYS)
-    small = _cell(rows, "mse", nu=0.001)
-    large = min(_cell(rows, "mse", nu=nu) for nu in (1.0, 10.0))
-    # 001 Fig. 5: full reconstruction at ν = 10⁻³, failure for ν ≥ 1.
-    assert small < 1e-4 and large > 100 * small, (small, large)
+    strongest = [r for r in rows if r["attack"] == "strongest"]
+    # Without noise the strongest attack rebuilds the image; at ν = 10 (whole-model noise,
+    # what a client releases) it is no closer to it than the digit's class-mean image.
+    assert _cell(strongest, "psnr", nu=0.0) > 40
+    large = [r for r in strongest if r["mode"] == "whole-model"]
+    assert _cell(large, "psnr", nu=10.0) < _cell(large, "class_mean_psnr", nu=10.0)
+    # The label leaks whatever ν: iDLG reads it from the last layer's gradient.
+    assert _cell(strongest, "label_recovered", nu=10.0) == 1.0
 
 
 @pytest.mark.timeout(60)
