@@ -26,7 +26,7 @@ from experiments import accuracy_vs_nu
 from experiments.common import Context, FederationSpec, laplace_or_none
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import fmt, spends_of
+from experiments.tables import fmt, mean_ci, spends_of
 
 NAME = "leakage"
 COLUMNS = ("dataset", "nu", "k", "seed", "clients", "participating", "median_spend", "max_spend",
@@ -34,7 +34,8 @@ COLUMNS = ("dataset", "nu", "k", "seed", "clients", "participating", "median_spe
 HOSPITAL: dict[str, dict[str, Any]] = {
     "full": {"nus": [0.0, 0.1, 1.0, 2.0, 3.0, 5.0], "ks": [1, 3, 5, 7],
              "seeds": list(range(10)), "num-rounds": 500, "patience": 30},
-    "quick": {"nus": [1.0, 5.0], "ks": [1, 3], "seeds": [0], "num-rounds": 20, "patience": 0},
+    "quick": {"nus": [1.0, 5.0], "ks": [1, 3], "seeds": [0, 1, 2, 3, 4], "num-rounds": 20,
+              "patience": 0},
     "smoke": {"nus": [1.0], "ks": [1], "seeds": [0], "num-rounds": 3, "patience": 0},
 }
 #: 001 Table 1 (hospital charges): ν -> {k: (median, max)} of Σ ε·r, averaged over 10 seeds.
@@ -138,10 +139,18 @@ def table(rows: list[dict[str, str]], dataset: str) -> list[str]:
             elif nu == 0:
                 cells.append("-, -")
             else:
-                med, mx, _ = agg[nu, k]
-                cells.append(f"{fmt(med, 4)}, {fmt(mx, 4)}")
+                cells.append(", ".join(_pm(rows, dataset, nu, k, key)
+                                       for key in ("median_spend", "max_spend")))
         lines.append(f"| {nu:g} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _pm(rows: list[dict[str, str]], dataset: str, nu: float, k: int, key: str) -> str:
+    """``mean ± 95 % t half-width`` of one column over a cell's seeds, 4 significant digits."""
+    mean, half, n = mean_ci(float(r[key]) for r in rows
+                            if r["dataset"] == dataset and float(r["nu"]) == nu
+                            and int(r["k"]) == k and r[key])
+    return fmt(mean, 4) if n < 2 else f"{fmt(mean, 4)} ± {fmt(half, 2)}"
 
 
 def paper_table() -> list[str]:

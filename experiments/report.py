@@ -26,7 +26,14 @@ from experiments import (
     synthetic_ablation,
 )
 from experiments.report_text import TEXT
-from experiments.tables import fmt, read_csv
+from experiments.tables import (
+    CI_NAME,
+    excludes_zero,
+    fmt,
+    paired_difference,
+    read_csv,
+    verdict,
+)
 
 ORDER = ("synthetic-ablation", "accuracy-vs-nu", "leakage", "fairness", "personalized-budgets",
          "dlg", "scale")
@@ -90,7 +97,7 @@ def write_report(root: Path, doc: Path) -> Path:
         "",
         "```bash",
         "./gpfl.sh report           # from a clean clone: set up .venv, every experiment --quick "
-        "(~31 min on 2 cores), then this file",
+        "(five seeds; see the runtimes below), then this file",
         "./gpfl.sh report --full    # the papers' settings: many hours",
         "",
         "# the same, step by step, inside the environment (.venv/bin/python or gpfl-experiment):",
@@ -120,8 +127,16 @@ def write_report(root: Path, doc: Path) -> Path:
             rows, meta = item
             out.append(f"| [{name}](#{name}) | {papers[name]} | {meta.get('profile', '?')} | "
                        f"{fmt(meta.get('runtime_s'), 4)} s | {len(rows)} |")
+    totals: dict[str, float] = {}
+    for item in loaded.values():
+        if item is not None and item[1].get("runtime_s") is not None:
+            profile = str(item[1].get("profile", "?"))
+            totals[profile] = totals.get(profile, 0.0) + float(item[1]["runtime_s"])
+    took = "; ".join(f"profile **{p}**: {t / 60:.0f} min" for p, t in sorted(totals.items()))
     out += ["", "A runtime is that of the last invocation: federations reused from the cache "
-            "cost nothing there (see each section's note).", ""]
+            "cost nothing there (see each section's note). Summed over the experiments: "
+            f"{took or 'nothing run'} (on a machine shared with other work, each experiment "
+            "takes longer than alone).", ""]
     sections = {
         "synthetic-ablation": _synthetic, "accuracy-vs-nu": _accuracy, "leakage": _leakage,
         "fairness": _fairness, "personalized-budgets": _budgets, "dlg": _dlg, "scale": _scale,
@@ -148,11 +163,16 @@ def _synthetic(rows: list[dict[str, str]]) -> list[str]:
     fed_ok = sum(float(r["max_dist"]) <= 0.5 for r in fedavg)
     spend = [float(r["max_spend"]) for r in ours if r["max_spend"]]
     rounds = sorted({r["rounds"] for r in rows})
+
+    def by(method: str) -> dict[int, float]:
+        return {int(r["seed"]): float(r["max_dist"]) for r in rows
+                if r["method"] == method and r["max_dist"] not in ("", "nan")}
+
     return [
         TEXT["synthetic-1"],
         "",
         "**Ours.** Distances are from each optimum θ* to the nearest delivered hypothesis (those "
-        "of the best validation round), mean ± std over seeds:",
+        f"of the best validation round), {CI_NAME}:",
         "",
         *synthetic_ablation.table(rows),
         "",
@@ -161,29 +181,77 @@ def _synthetic(rows: list[dict[str, str]]) -> list[str]:
         "stays between them, as in Fig. 1b). Rounds run: "
         f"{', '.join(rounds)}.",
         "",
+        "Claims, as differences paired by seed, mean [95 % Student-t interval]:",
+        "",
+        "- " + _claim("ours ends nearer both optima than FedAvg (max distance, ours − FedAvg)",
+                      *paired_difference(by("ours"), by("fedavg")), expect=-1),
+        "- " + _claim("the noise costs ours distance against IFCA without noise (max distance, "
+                      "ours − IFCA)", *paired_difference(by("ours"), by("ifca")), expect=1),
+        "",
         TEXT["synthetic-2"].format(
             spend=fmt(max(spend) if spend else math.nan)),
     ]
 
 
+def _claim(text: str, mean: float, half: float, n: int, *, expect: int = 1,
+           digits: int = 3) -> str:
+    """One claim with the interval of its paired difference, and whether that supports it.
+
+    ``expect`` is the sign the claim predicts (+1: the difference is positive).
+    """
+    if n < 2 or math.isnan(half):
+        return f"{text}: {verdict(mean, half, n, digits)}; no interval, so not claimed."
+    if excludes_zero(mean, half, n) and mean * expect > 0:
+        status = "supported (the 95 % interval excludes 0)"
+    elif excludes_zero(mean, half, n):
+        status = "**contradicted** (the 95 % interval is on the other side of 0)"
+    else:
+        status = "**not supported** (the 95 % interval contains 0): withdrawn"
+    return f"{text}: {verdict(mean, half, n, digits)}; {status}."
+
+
+def _flat_claim(text: str, mean: float, half: float, n: int, tolerance: float = 0.02) -> str:
+    """State a claim of no effect: supported when the interval lies within ± ``tolerance``."""
+    if n < 2 or math.isnan(half):
+        return f"{text}: {verdict(mean, half, n)}; no interval, so not claimed."
+    if abs(mean) + half <= tolerance:
+        status = f"supported (the 95 % interval lies within ±{tolerance:g})"
+    elif not excludes_zero(mean, half, n):
+        status = (f"consistent (the interval contains 0) but not shown: it reaches beyond "
+                  f"±{tolerance:g}")
+    else:
+        status = "**contradicted** (the 95 % interval excludes 0)"
+    return f"{text}: {verdict(mean, half, n)}; {status}."
+
+
 def _accuracy(rows: list[dict[str, str]]) -> list[str]:
-    acc = accuracy_vs_nu.mean_accuracy
-    k2_0, k1_0 = acc(rows, 0.0, 2), acc(rows, 0.0, 1)
-    k2_1, k2_15 = acc(rows, 1.0, 2), acc(rows, 15.0, 2)
+    seed_acc = accuracy_vs_nu.by_seed
     lines = [
         TEXT["accuracy-1"],
         "",
-        "**Ours** (mean ± std (seeds); k = 2 is the paper's setting):",
+        f"**Ours** ({CI_NAME}, (seeds); k = 2 is the paper's setting):",
         "",
         *accuracy_vs_nu.table(rows),
         "",
+        "Claims, each as the difference paired by seed (same data, same seed), mean "
+        "[95 % Student-t interval]:",
+        "",
     ]
-    if not math.isnan(k2_0) and not math.isnan(k1_0):
-        lines.append(f"Without noise k = 2 reaches {k2_0:.3f} against {k1_0:.3f} for k = 1 "
-                     f"({(k2_0 - k1_0) * 100:+.1f} points).")
-    if not math.isnan(k2_1) and not math.isnan(k2_15):
-        lines.append(f"At ν = 15 accuracy is {k2_15:.3f} against {k2_1:.3f} at ν = 1 "
-                     f"({(k2_15 - k2_1) * 100:+.1f} points; the paper: −27.3).")
+    claims = [
+        ("k = 2 beats k = 1 on rotated digits without noise (accuracy, k = 2 − k = 1, ν = 0)",
+         seed_acc(rows, 0.0, 2), seed_acc(rows, 0.0, 1), 1),
+        ("k = 2 beats k = 1 at ν = 1", seed_acc(rows, 1.0, 2), seed_acc(rows, 1.0, 1), 1),
+        ("accuracy falls as ν grows (k = 2: ν = 15 − ν = 1)",
+         seed_acc(rows, 15.0, 2), seed_acc(rows, 1.0, 2), -1),
+    ]
+    for text, a, b, expect in claims:
+        if a and b:
+            lines.append("- " + _claim(text, *paired_difference(a, b), expect=expect))
+    a, b = seed_acc(rows, 1.0, 2), seed_acc(rows, 0.0, 2)
+    if a and b:
+        lines.append("- " + _flat_claim("accuracy is flat from ν = 0 to ν = 1, as the paper's "
+                                        "(k = 2: ν = 1 − ν = 0)", *paired_difference(a, b)))
+    lines.append("")
     k2_runs = [r for r in rows if int(r["k"]) == 2 and r.get("split_rounds") not in (None, "")]
     if k2_runs:
         split = sum(int(r["split_rounds"]) * 2 > int(r["rounds"]) for r in k2_runs)
@@ -206,7 +274,8 @@ def _leakage(rows: list[dict[str, str]]) -> list[str]:
         *leakage.paper_table(),
         "",
         "**Ours, digits** (the federations of accuracy-vs-nu; n = 83,562, so each release costs "
-        "n/ν; median and max over all 50 users, averaged over seeds):",
+        "n/ν; median and max over all 50 users, each mean ± 95 % Student-t half-width over "
+        "seeds):",
         "",
         *leakage.table(rows, "digits"),
         "",
@@ -226,13 +295,24 @@ def _leakage(rows: list[dict[str, str]]) -> list[str]:
 def _fairness(rows: list[dict[str, str]]) -> list[str]:
     def wins_line(subset: list[dict[str, str]]) -> list[str]:
         out = []
+        nus = sorted({float(r["nu"]) for r in subset})
         for metric in fairness.METRICS:
-            agg = fairness.aggregate(subset, metric)
-            nus = sorted({nu for nu, _ in agg})
-            wins = sum(agg.get((nu, 2), (math.nan,))[0] < agg.get((nu, 1), (math.nan,))[0]
-                       for nu in nus)
-            out.append(f"- {fairness.LABELS[metric]}: k = 2 lower than k = 1 at {wins} of "
-                       f"{len(nus)} ν.")
+            diffs = [paired_difference(fairness.by_seed(subset, metric, nu, 2),
+                                       fairness.by_seed(subset, metric, nu, 1)) for nu in nus]
+            lower = sum(excludes_zero(*d) and d[0] < 0 for d in diffs)
+            higher = sum(excludes_zero(*d) and d[0] > 0 for d in diffs)
+            detail = "; ".join(f"ν = {nu:g}: {verdict(*d)}" for nu, d in zip(nus, diffs,
+                                                                               strict=True))
+            out.append(f"- {fairness.LABELS[metric]}, k = 2 − k = 1: lower (the interval "
+                       f"below 0) at {lower} of {len(nus)} ν, higher at {higher}, "
+                       f"undecided at {len(nus) - lower - higher} ({detail}).")
+        if len(nus) > 1:
+            lo, hi = nus[0], nus[-1]
+            for metric in fairness.METRICS:
+                out.append("- " + _claim(
+                    f"{fairness.LABELS[metric]} deteriorates as ν grows (k = 2: ν = {hi:g} − "
+                    f"ν = {lo:g})", *paired_difference(fairness.by_seed(subset, metric, hi, 2),
+                                                      fairness.by_seed(subset, metric, lo, 2))))
         return out
 
     synthetic = [r for r in rows if r.get("dataset", "synthetic") == "synthetic"]
@@ -242,10 +322,10 @@ def _fairness(rows: list[dict[str, str]]) -> list[str]:
         "",
     ]
     if synthetic:
-        lines += ["**Ours, synthetic (Fig. 2.7)** (mean ± std over seeds; lower is fairer):", "",
+        lines += [f"**Ours, synthetic (Fig. 2.7)** ({CI_NAME}; lower is fairer):", "",
                   *fairness.table(synthetic), "", *wins_line(synthetic), ""]
     if digits:
-        lines += ["**Ours, 8×8 digits with parity labels (Fig. 2.8)** (mean ± std over seeds):",
+        lines += [f"**Ours, 8×8 digits with parity labels (Fig. 2.8)** ({CI_NAME}):",
                   "", *fairness.table(digits), "", *wins_line(digits), ""]
     lines += [
         TEXT["fairness-2"],
@@ -273,30 +353,30 @@ def _budgets(rows: list[dict[str, str]]) -> list[str]:
         *personalized_budgets.table(rows),
         "",
     ]
+    lines += ["Does 002's improvement reproduce? Each difference paired by seed, mean [95 % "
+              "Student-t interval]:", ""]
+    names = {"B": "B (weighted) beats A (mean)", "C": "C (probability) beats A (mean)"}
     for panel in dict.fromkeys(r["panel"] for r in rows):
-        for (accounting, budgets), by in personalized_budgets.gains(rows, panel).items():
-            if {"A", "B", "C"} <= set(by):
-                lines.append(f"- {panel}, {accounting}, ε = ({budgets}): B − A = "
-                             f"{(by['B'] - by['A']) * 100:+.1f} points, C − A = "
-                             f"{(by['C'] - by['A']) * 100:+.1f} points.")
+        for (accounting, budgets), diff in personalized_budgets.differences(rows,
+                                                                            panel).items():
+            for method, d in diff.items():
+                lines.append("- " + _claim(f"{panel}, {accounting}, ε = ({budgets}): "
+                                           f"{names[method]}", *d))
     return [*lines, "", TEXT["budgets-3"]]
 
 
 def _dlg(rows: list[dict[str, str]]) -> list[str]:
-    agg = dlg_audit.aggregate(rows)
-    lines = [
-        TEXT["dlg-1"],
-        "",
-        TEXT["dlg-2"],
-        "",
-        *dlg_audit.table(rows),
-        "",
-    ]
-    small = agg.get(0.001, {}).get("mse", (math.nan,))[0]
-    large = [agg[nu]["mse"][0] for nu in agg if nu >= 1]
-    if large and not math.isnan(small):
-        lines.append(f"MSE at ν = 0.001 is {fmt(small)}; at ν ≥ 1 it is "
-                     f"{fmt(min(large))} or more ({fmt(min(large) / max(small, 1e-300))}×).")
+    images = len({r["image"] for r in rows})
+    lines = [TEXT["dlg-1"], "", TEXT["dlg-2"], ""]
+    for mode in dlg_audit.MODES:
+        if not any(r["mode"] == mode for r in rows):
+            continue
+        lines += [f"**{mode}** ({TEXT['dlg-' + mode]}). The strongest attack per ν; "
+                  f"{dlg_audit.INTERVAL} ({images} images):", "",
+                  *dlg_audit.strongest_table(rows, mode), "",
+                  f"Each attack alone ({mode}): mean PSNR / recognised fraction over the "
+                  f"{images} images.", "", *dlg_audit.attacks_table(rows, mode), ""]
+    lines += [TEXT["dlg-4"], "", *dlg_audit.conclusions(rows)]
     return [*lines, "", TEXT["dlg-3"]]
 
 

@@ -20,14 +20,16 @@ import psutil
 from experiments.common import Context, FederationSpec
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import fmt
+from experiments.tables import mean_pm_ci
 
 NAME = "scale"
-COLUMNS = ("users", "clients_per_round", "rounds", "wall_s", "startup_s", "rounds_per_minute",
-           "seconds_per_round", "peak_rss_mb", "peak_processes", "final_val_loss")
+COLUMNS = ("users", "repeat", "clients_per_round", "rounds", "wall_s", "startup_s",
+           "rounds_per_minute", "seconds_per_round", "peak_rss_mb", "peak_processes",
+           "final_val_loss")
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"users": [1000, 5000], "rounds": 30},
-    "quick": {"users": [1000], "rounds": 10},
+    # Five repeats of each size (seeds 0-4): the table gives each number's 95 % interval.
+    "full": {"users": [1000, 5000], "rounds": 30, "repeats": 5},
+    "quick": {"users": [1000], "rounds": 10, "repeats": 5},
     "smoke": {"users": [1000], "rounds": 3},
 }
 
@@ -81,20 +83,21 @@ class MemoryMonitor:
             self._stop.wait(self.interval)
 
 
-def spec(users: int, rounds: int) -> FederationSpec:
-    """One scale federation."""
+def spec(users: int, rounds: int, seed: int = 0) -> FederationSpec:
+    """One scale federation (``seed``: its repeat)."""
     config = {
         "task": "synthetic", "num-hypotheses": 2, "mechanism": "laplace",
         "noise-multiplier": 5.0, "clients-per-round": 100, "num-rounds": rounds,
-        "patience": 0, "eval-every": 1, "validation-users": 100, "seed": 0, "data-seed": 0,
+        "patience": 0, "eval-every": 1, "validation-users": 100, "seed": seed, "data-seed": 0,
     }
-    return FederationSpec(f"scale users={users}", config, users)
+    return FederationSpec(f"scale users={users} repeat={seed}", config, users)
 
 
 def grid(ctx: Context) -> list[Cell]:
-    """One federation per size of the profile."""
+    """One federation per size and repeat of the profile."""
     p = PROFILES[ctx.profile]
-    return [Cell.of(spec(users, p["rounds"]), users=users) for users in p["users"]]
+    return [Cell.of(spec(users, p["rounds"], repeat), users=users, repeat=repeat)
+            for users in p["users"] for repeat in range(p.get("repeats", 1))]
 
 
 def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
@@ -127,7 +130,8 @@ def measure(cell: Cell, timed: dict[str, Any]) -> dict[str, Any]:
         per_round = wall / max(rounds, 1)
     history = [e for e in summary["history"] if e.get("val_loss") is not None]
     return {
-        "users": cell.keys["users"], "clients_per_round": cell.spec.run_config["clients-per-round"],
+        "users": cell.keys["users"], "repeat": cell.keys.get("repeat", 0),
+        "clients_per_round": cell.spec.run_config["clients-per-round"],
         "rounds": rounds, "wall_s": wall,
         "startup_s": (arrivals[0] - per_round) if arrivals else None,
         "rounds_per_minute": 60.0 / per_round if per_round > 0 else None,
@@ -138,8 +142,9 @@ def measure(cell: Cell, timed: dict[str, Any]) -> dict[str, Any]:
 
 
 def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
-    """Memory over time."""
-    plot({cell.keys["users"]: timed["monitor"].samples for cell, timed in runs},
+    """Memory over time (each size's first repeat)."""
+    plot({cell.keys["users"]: timed["monitor"].samples for cell, timed in runs
+          if cell.keys.get("repeat", 0) == 0},
          ctx.figures / "scale_memory.png")
 
 
@@ -155,17 +160,21 @@ def plot(traces: dict[int, list[tuple[float, int, int]]], path: Path) -> Path:
 
 
 def table(rows: list[dict[str, str]]) -> list[str]:
-    """Markdown lines of the scale results."""
-    lines = ["| virtual users | per round | rounds | rounds / minute | s / round | startup (s) "
-             "| peak RSS (MiB, whole tree) | processes | wall (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
+    """Markdown lines: per size, each number's mean ± 95 % t half-width over the repeats."""
+    lines = ["| virtual users | per round | rounds | repeats | rounds / minute | s / round "
+             "| startup (s) | peak RSS (MiB, whole tree) | processes (max) | wall (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for users in dict.fromkeys(r["users"] for r in rows):
+        sel = [r for r in rows if r["users"] == users]
+
+        def pm(key: str, digits: int, sel: list[dict[str, str]] = sel) -> str:
+            return mean_pm_ci((float(r[key]) for r in sel if r[key] not in ("", None)), digits)
+
         lines.append(
-            f"| {r['users']} | {r['clients_per_round']} | {r['rounds']} | "
-            f"{fmt(float(r['rounds_per_minute']))} | {fmt(float(r['seconds_per_round']))} | "
-            f"{fmt(float(r['startup_s'])) if r['startup_s'] else '-'} | "
-            f"{float(r['peak_rss_mb']):.0f} | {r['peak_processes']} | "
-            f"{float(r['wall_s']):.0f} |")
+            f"| {users} | {sel[0]['clients_per_round']} | {sel[0]['rounds']} | {len(sel)} | "
+            f"{pm('rounds_per_minute', 1)} | {pm('seconds_per_round', 2)} | "
+            f"{pm('startup_s', 1)} | {pm('peak_rss_mb', 0)} | "
+            f"{max(int(r['peak_processes']) for r in sel)} | {pm('wall_s', 0)} |")
     return lines
 
 

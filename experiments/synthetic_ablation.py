@@ -33,7 +33,7 @@ import numpy as np
 from experiments.common import Context, FederationSpec
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import mean_pm_std, spends_of
+from experiments.tables import mean_pm_ci, spends_of
 from server.results import optima_distances
 
 NAME = "synthetic-ablation"
@@ -54,8 +54,8 @@ COLUMNS = (
     "max_spend",
 )
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"num-rounds": 300, "patience": 40, "seeds": [0, 1, 2]},
-    "quick": {"num-rounds": 300, "patience": 0, "seeds": [0]},
+    "full": {"num-rounds": 300, "patience": 40, "seeds": [0, 1, 2, 3, 4]},
+    "quick": {"num-rounds": 300, "patience": 0, "seeds": [0, 1, 2, 3, 4]},
     # The tests: FedAvg and ours only, in the denser setting of `gpfl launch`'s default (20
     # users, all of them every round, E = 5): 20 releases a round instead of 7 reach the optima
     # in ~30-45 rounds instead of ~250 (docs/USAGE.md, "What convergence takes").
@@ -231,7 +231,7 @@ def plot_loss(summaries: dict[tuple[str, int], dict[str, Any]], first_seed: int,
 
 
 def table(rows: list[dict[str, str]]) -> list[str]:
-    """Markdown lines: per method, the mean ± std distances and losses over seeds."""
+    """Markdown lines: per method, distances and losses over seeds (mean ± 95 % t half-width)."""
     lines = [
         "| method | seeds | distance to θ*₁ | distance to θ*₂ | max distance (best round) | "
         "max distance (last round) | best val RMSE | best round | rounds | max spend Σε·r |",
@@ -243,7 +243,7 @@ def table(rows: list[dict[str, str]]) -> list[str]:
             continue
 
         def ms(key: str, sel: list[dict[str, str]] = sel) -> str:
-            return mean_pm_std(float(r[key]) for r in sel if r[key] not in ("", "nan"))
+            return mean_pm_ci(float(r[key]) for r in sel if r[key] not in ("", "nan"))
 
         lines.append(
             f"| {TITLES[method]} | {len(sel)} | {ms('dist_opt1')} | {ms('dist_opt2')} | "

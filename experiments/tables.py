@@ -10,13 +10,25 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from scipy import stats
+
+#: The confidence level of every interval the tables and the report print.
+CI_LEVEL = 0.95
+#: How the tables name their intervals.
+CI_NAME = "mean ± half-width of the two-sided 95 % Student-t interval over seeds"
+
 __all__ = [
     "best_entry",
+    "excludes_zero",
     "fmt",
     "last_entry",
+    "mean_ci",
+    "mean_pm_ci",
     "mean_std",
+    "paired_difference",
     "read_csv",
     "spends_of",
+    "verdict",
     "write_csv",
 ]
 
@@ -118,3 +130,69 @@ def mean_pm_std(values: Iterable[float], digits: int = 3) -> str:
     """``mean ± std`` of the finite values with ``digits`` decimals, ``-`` when there are none."""
     m, s = mean_std(values)
     return "-" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def _finite(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def mean_ci(values: Iterable[float | None], level: float = CI_LEVEL) -> tuple[float, float, int]:
+    """Mean, half-width of its two-sided Student-t interval, and the number of finite values.
+
+    The interval is mean ± t_{(1+level)/2, n-1} · s / √n, s the sample standard deviation: it
+    assumes the seeds' values are independent draws of a roughly normal quantity, which is
+    what a seed buys (fresh noise, sampling and initialisation on the same data). The
+    half-width is NaN for fewer than two values (no interval can be given) and 0 when every
+    value is the same.
+    """
+    finite = _finite(values)
+    n = len(finite)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = statistics.fmean(finite)
+    if n == 1:
+        return mean, math.nan, 1
+    sd = statistics.stdev(finite)
+    half = float(stats.t.ppf((1.0 + level) / 2.0, n - 1)) * sd / math.sqrt(n)
+    return mean, half, n
+
+
+def mean_pm_ci(values: Iterable[float | None], digits: int = 3, *, seeds: bool = False) -> str:
+    """``mean ± half-width`` (see `mean_ci`) with ``digits`` decimals; ``-`` for no values.
+
+    One value prints as ``mean (1 seed)``: no interval can be given. ``seeds`` appends the
+    number of values, ``(n)``.
+    """
+    mean, half, n = mean_ci(values)
+    if n == 0:
+        return "-"
+    if n == 1:
+        return f"{mean:.{digits}f} (1 seed)"
+    text = f"{mean:.{digits}f} ± {half:.{digits}f}"
+    return f"{text} ({n})" if seeds else text
+
+
+def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float],
+                      level: float = CI_LEVEL) -> tuple[float, float, int]:
+    """`mean_ci` of a − b over the keys (seeds) both have finite values for.
+
+    Pairing by seed removes what two settings share on one seed (the data split, the
+    sampling order), so the interval of a difference is narrower than the two intervals
+    side by side suggest.
+    """
+    keys = [k for k in a if k in b and math.isfinite(a[k]) and math.isfinite(b[k])]
+    return mean_ci([a[k] - b[k] for k in keys], level)
+
+
+def verdict(mean: float, half: float, n: int, digits: int = 3) -> str:
+    """How a difference's interval reads: ``+0.012 [+0.004, +0.020], n = 5``."""
+    if n == 0:
+        return "no paired seeds"
+    if n == 1 or math.isnan(half):
+        return f"{mean:+.{digits}f} (1 seed, no interval)"
+    return f"{mean:+.{digits}f} [{mean - half:+.{digits}f}, {mean + half:+.{digits}f}], n = {n}"
+
+
+def excludes_zero(mean: float, half: float, n: int) -> bool:
+    """Whether the interval lies wholly on one side of 0 (needs two values or more)."""
+    return n >= 2 and math.isfinite(half) and abs(mean) > half

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import server.launcher
@@ -17,7 +18,16 @@ from experiments.common import Context, FederationSpec, compact_summary
 from experiments.report import write_report
 from experiments.runner import Progress
 from experiments.scale import MemoryMonitor
-from experiments.tables import best_entry, mean_std, write_csv
+from experiments.tables import (
+    best_entry,
+    excludes_zero,
+    mean_ci,
+    mean_pm_ci,
+    mean_std,
+    paired_difference,
+    verdict,
+    write_csv,
+)
 
 
 def _summary(rounds: int = 3, params: int = 2) -> dict[str, Any]:
@@ -143,7 +153,7 @@ def test_memory_monitor_measures_this_process() -> None:
 def test_profiles_follow_the_papers_where_asked() -> None:
     full = accuracy_vs_nu.PROFILES["full"]
     assert full["nus"] == [0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 15.0]
-    assert full["seeds"] == [0, 1, 2] and full["ks"] == [1, 2]
+    assert full["seeds"] == [0, 1, 2, 3, 4] and full["ks"] == [1, 2]
     grid = accuracy_vs_nu.specs("full", [0])
     assert {spec.run_config["mechanism"] for nu, _, _, spec in grid if nu == 0} == {"none"}
     methods = {m: spec.run_config for m, _, spec in synthetic_ablation.specs("full", [0])}
@@ -166,13 +176,62 @@ def test_cli_rejects_unknown_experiments(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_report_from_results_alone(tmp_path: Path) -> None:
     root = tmp_path / "runs"
-    write_csv(root / "accuracy-vs-nu" / "results.csv",
-              [{"nu": nu, "k": k, "seed": 0, "accuracy": acc}
-               for nu, k, acc in [(0.0, 1, 0.8), (0.0, 2, 0.9), (1.0, 2, 0.88), (15.0, 2, 0.7)]],
-              accuracy_vs_nu.COLUMNS)
+    cells = [(0.0, 1, 0.8), (0.0, 2, 0.9), (1.0, 2, 0.88), (15.0, 2, 0.7)]
+    # Two seeds: k = 2 is ahead of k = 1 by 0.10 and 0.12 (interval above 0); ν = 15 is
+    # behind ν = 1 by 0.18 and 0.02 (too spread for two seeds: the interval contains 0).
+    rows = [{"nu": nu, "k": k, "seed": 0, "accuracy": acc} for nu, k, acc in cells]
+    rows += [{"nu": 0.0, "k": 1, "seed": 1, "accuracy": 0.78},
+             {"nu": 0.0, "k": 2, "seed": 1, "accuracy": 0.90},
+             {"nu": 1.0, "k": 2, "seed": 1, "accuracy": 0.86},
+             {"nu": 15.0, "k": 2, "seed": 1, "accuracy": 0.84}]
+    write_csv(root / "accuracy-vs-nu" / "results.csv", rows, accuracy_vs_nu.COLUMNS)
     (root / "accuracy-vs-nu" / "meta.json").write_text(json.dumps({"profile": "quick",
                                                                    "runtime_s": 12.0}))
     text = write_report(root, tmp_path / "docs" / "RESULTS.md").read_text()
-    assert "| 15 | - | 0.700 ± 0.000 (1) | 0.561 ± 0.005 |" in text
-    assert "k = 2 reaches 0.900 against 0.800 for k = 1 (+10.0 points)" in text
+    # t(0.975, 1) = 12.706: the half-width of two values a, b is 12.706 * |a - b| / 2.
+    assert "| 15 | - | 0.770 ± 0.889 (2) | 0.561 ± 0.005 |" in text
+    assert ("k = 2 beats k = 1 on rotated digits without noise (accuracy, k = 2 − k = 1, "
+            "ν = 0): +0.110 [-0.017, +0.237], n = 2; **not supported**") in text
+    assert "accuracy falls as ν grows (k = 2: ν = 15 − ν = 1): -0.100 [" in text
+    assert "profile **quick**: 0 min" in text
     assert "Not run yet: `python -m experiments synthetic-ablation --quick`" in text
+
+
+def test_mean_ci_is_the_student_t_interval() -> None:
+    from scipy import stats
+
+    values = [0.91, 0.93, 0.95, 0.90, 0.96]
+    mean, half, n = mean_ci(values)
+    low, high = stats.t.interval(0.95, 4, loc=np.mean(values), scale=stats.sem(values))
+    assert n == 5 and mean == pytest.approx(np.mean(values))
+    assert (mean - half, mean + half) == pytest.approx((low, high))
+    assert math.isnan(mean_ci([0.5])[1]) and mean_ci([])[2] == 0
+    assert mean_ci([0.5, math.nan, 0.5]) == (0.5, 0.0, 2)
+    assert mean_pm_ci([0.5]) == "0.500 (1 seed)" and mean_pm_ci([]) == "-"
+
+
+def test_mean_ci_covers_the_mean_95_percent_of_the_time() -> None:
+    # 4,000 seeded experiments of 5 normal draws each. A correct 95 % interval covers the true
+    # mean with probability 0.95: the count has a binomial sd of 0.0034, so [0.935, 0.965] is
+    # ±4.4 sd (false-positive rate ~1e-5). A normal (z) interval in place of Student's t
+    # covers ~0.88 at n = 5 and fails.
+    rng = np.random.default_rng(20261124)
+    draws = rng.normal(3.0, 2.0, size=(4000, 5))
+    covered = 0
+    for row in draws:
+        mean, half, _ = mean_ci(row.tolist())
+        covered += abs(mean - 3.0) <= half
+    assert 0.935 <= covered / 4000 <= 0.965
+
+
+def test_paired_difference_pairs_by_seed() -> None:
+    a = {0: 0.9, 1: 0.8, 2: 0.85, 3: 0.5}
+    b = {0: 0.8, 1: 0.7, 2: 0.74, 4: 0.1}  # seed 3 and 4 have no pair
+    mean, half, n = paired_difference(a, b)
+    assert n == 3 and mean == pytest.approx(0.10333, abs=1e-4)
+    # Pairing removes the seeds' shared level: the difference's interval is far narrower
+    # than either mean's.
+    assert half < mean_ci([0.9, 0.8, 0.85])[1] / 5
+    assert excludes_zero(mean, half, n) and not excludes_zero(0.1, 0.2, 3)
+    assert not excludes_zero(0.1, math.nan, 1)
+    assert verdict(0.1, 0.05, 3) == "+0.100 [+0.050, +0.150], n = 3"
