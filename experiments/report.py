@@ -357,11 +357,18 @@ def _budgets(rows: list[dict[str, str]]) -> list[str]:
               "Student-t interval]:", ""]
     names = {"B": "B (weighted) beats A (mean)", "C": "C (probability) beats A (mean)"}
     for panel in dict.fromkeys(r["panel"] for r in rows):
+        accuracies = personalized_budgets.gains(rows, panel)
         for (accounting, budgets), diff in personalized_budgets.differences(rows,
                                                                             panel).items():
+            by = accuracies[accounting, budgets]
             for method, d in diff.items():
+                seeds = [s for s in by[method] if s in by["A"]]
+                above = sum(by[method][s] > by["A"][s] for s in seeds)
+                # The count beside the interval: one seed's collapse of A widens the t
+                # interval past 0 even when every seed orders the two the same way.
                 lines.append("- " + _claim(f"{panel}, {accounting}, ε = ({budgets}): "
-                                           f"{names[method]}", *d))
+                                           f"{names[method]}", *d)
+                             + f" Above A in {above} of {len(seeds)} seeds.")
     return [*lines, "", TEXT["budgets-3"]]
 
 

@@ -182,8 +182,12 @@ at those ν a release still tells the server which digit the client trained on.
 """,
     "scale-1": """
 Rounds per minute are measured between the first and the last round's log line; startup
-(SuperLink, Ray, the apps) is reported apart. Measured on this project's 2-core machine: a
-larger one runs more Ray workers at once.
+(SuperLink, Ray, the apps) is reported apart; each number is the mean ± the half-width of the
+two-sided 95 % Student-t interval over the repeats (seeds 0-4). Measured on this project's
+2-core machine: a larger one runs more Ray workers at once. The same shape side by side with
+Flower's own FedAvg, one command, and where the round's time goes (profiled):
+[BENCHMARKS.md](BENCHMARKS.md), "Scale against Flower's FedAvg, side by side" (gpfl 0.97× FedAvg's
+round time, ranges overlapping).
 """,
     "differences-1": """
 - **Data.** No downloads here: scikit-learn's bundled 8×8 digits stand in for FEMNIST and
