@@ -212,12 +212,31 @@ class Context:
         return summary
 
     def write_meta(self, started: float, extra: Mapping[str, Any] | None = None) -> None:
-        """Write ``meta.json``: profile, seeds, runtime, how many runs were launched or reused."""
+        """Write ``meta.json``: profile, seeds, runtime, how many runs were launched or reused.
+
+        ``compute_s`` (with ``compute_finished``) is the runtime of the last invocation that
+        launched federations: an invocation that reuses every federation from the cache (to
+        redraw the figures, say) keeps the previous one's, so the report still says what the
+        numbers cost.
+        """
+        runtime = round(time.monotonic() - started, 1)
+        compute: dict[str, Any] = {"compute_s": runtime,
+                                   "compute_finished": time.strftime("%Y-%m-%d %H:%M:%S")}
+        previous_path = self.out / "meta.json"
+        if self.launched == 0 and previous_path.is_file():
+            try:
+                previous = json.loads(previous_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                previous = {}
+            if previous.get("profile") == self.profile and "compute_s" in previous:
+                compute = {k: previous[k] for k in ("compute_s", "compute_finished")
+                           if k in previous}
         meta = {
             "experiment": self.name,
             "profile": self.profile,
             "seeds": self.seeds,
-            "runtime_s": round(time.monotonic() - started, 1),
+            "runtime_s": runtime,
+            **compute,
             "federations_launched": self.launched,
             "federations_reused": self.reused,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),

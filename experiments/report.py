@@ -65,15 +65,25 @@ def _figures(root: Path, name: str, doc: Path) -> list[str]:
     return lines
 
 
+def _compute_s(meta: dict[str, Any]) -> float | None:
+    """Seconds of the last invocation that ran federations (older metas: the last one's)."""
+    value = meta.get("compute_s", meta.get("runtime_s"))
+    return None if value is None else float(value)
+
+
 def _profile_note(meta: dict[str, Any]) -> str:
     profile = meta.get("profile", "?")
     runtime = meta.get("runtime_s")
     launched = meta.get("federations_launched", 0)
     reused = meta.get("federations_reused", 0)
     when = meta.get("finished", "?")
-    return (f"*Profile **{profile}**, finished {when}; this run took "
+    note = (f"*Profile **{profile}**, finished {when}; this run took "
             f"{fmt(runtime, 4) if runtime is not None else '?'} s "
-            f"({launched} federations launched, {reused} reused from the cache).*")
+            f"({launched} federations launched, {reused} reused from the cache)")
+    if "compute_s" in meta and meta.get("compute_finished") != when:
+        note += (f"; the federations were run by the invocation that finished "
+                 f"{meta.get('compute_finished', '?')}, in {fmt(_compute_s(meta), 4)} s")
+    return note + ".*"
 
 
 def write_report(root: Path, doc: Path) -> Path:
@@ -126,15 +136,17 @@ def write_report(root: Path, doc: Path) -> Path:
         else:
             rows, meta = item
             out.append(f"| [{name}](#{name}) | {papers[name]} | {meta.get('profile', '?')} | "
-                       f"{fmt(meta.get('runtime_s'), 4)} s | {len(rows)} |")
+                       f"{fmt(_compute_s(meta), 4)} s | {len(rows)} |")
     totals: dict[str, float] = {}
     for item in loaded.values():
-        if item is not None and item[1].get("runtime_s") is not None:
+        seconds = None if item is None else _compute_s(item[1])
+        if item is not None and seconds is not None:
             profile = str(item[1].get("profile", "?"))
-            totals[profile] = totals.get(profile, 0.0) + float(item[1]["runtime_s"])
+            totals[profile] = totals.get(profile, 0.0) + seconds
     took = "; ".join(f"profile **{p}**: {t / 60:.0f} min" for p, t in sorted(totals.items()))
-    out += ["", "A runtime is that of the last invocation: federations reused from the cache "
-            "cost nothing there (see each section's note). Summed over the experiments: "
+    out += ["", "A runtime is that of the last invocation that ran the experiment's federations "
+            "(one that reuses them all from the cache, to redraw figures, keeps it; see each "
+            "section's note). Summed over the experiments: "
             f"{took or 'nothing run'} (on a machine shared with other work, each experiment "
             "takes longer than alone).", ""]
     sections = {

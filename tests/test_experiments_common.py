@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +236,23 @@ def test_paired_difference_pairs_by_seed() -> None:
     assert excludes_zero(mean, half, n) and not excludes_zero(0.1, 0.2, 3)
     assert not excludes_zero(0.1, math.nan, 1)
     assert verdict(0.1, 0.05, 3) == "+0.100 [+0.050, +0.150], n = 3"
+
+
+def test_meta_keeps_the_runtime_of_the_invocation_that_ran_the_federations(
+        tmp_path: Path) -> None:
+    ctx = Context(name="x", out=tmp_path, cache=tmp_path / "_runs", profile="quick")
+    ctx.launched = 3
+    ctx.write_meta(0.0)  # monotonic() - 0: a long "run"
+    first = json.loads((tmp_path / "meta.json").read_text())
+    assert first["compute_s"] == first["runtime_s"] > 0
+    # A rerun that reuses every federation (to redraw figures) keeps the first one's cost...
+    again = Context(name="x", out=tmp_path, cache=tmp_path / "_runs", profile="quick")
+    again.reused = 3
+    again.write_meta(time.monotonic())
+    second = json.loads((tmp_path / "meta.json").read_text())
+    assert second["runtime_s"] < 1 and second["compute_s"] == first["compute_s"]
+    assert second["compute_finished"] == first["compute_finished"]
+    # ...but not across profiles, and a rerun that launches anything measures itself.
+    other = Context(name="x", out=tmp_path, cache=tmp_path / "_runs", profile="smoke")
+    other.write_meta(time.monotonic())
+    assert json.loads((tmp_path / "meta.json").read_text())["compute_s"] < 1
