@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import server.launcher
-from experiments import accuracy_vs_nu, cli, personalized_budgets, synthetic_ablation
+from experiments import accuracy_vs_nu, cli, personalized_budgets, scale, synthetic_ablation
 from experiments.common import Context, FederationSpec, compact_summary
 from experiments.report import write_report
 from experiments.runner import Progress
@@ -167,6 +167,36 @@ def test_profiles_follow_the_papers_where_asked() -> None:
                if s.run_config["task"] == "digits" and s.run_config["mechanism"] == "gaussian"}
     assert {"1,1,10", "1,5,10", "1,10,10", "1", "5", "10"} <= budgets
     assert all(s.run_config["num-hypotheses"] == 1 for *_, s in specs)
+
+
+def test_quick_budgets_are_the_readable_ones_of_each_reading() -> None:
+    # The quick profile compares A, B and C at budgets where A learns; each reading gets its
+    # own (the composed totals of the per-release budgets), the sign panel runs A and C.
+    specs = personalized_budgets.specs("quick", [0, 1, 2, 3, 4])
+    asked = {(panel, accounting, budgets, agg) for panel, accounting, setting, budgets, agg, *_
+             in specs if setting == "personalized"}
+    gauss, sign = "digits-iid-gaussian", "digits-dirichlet-sign"
+    assert {(a, b) for p, a, b, _ in asked if p == gauss} == {
+        ("per-round", "10,10,100"), ("composed", "50,50,500")}
+    assert {g for p, _, _, g in asked if p == sign} == {"mean", "probability"}
+    assert {g for p, _, _, g in asked if p == gauss} == {"mean", "weighted", "probability"}
+    per_release = [s.run_config for panel, accounting, setting, *_, s in specs
+                   if accounting == "per-round"]
+    assert per_release and all(c["planned-releases"] == 1 for c in per_release)
+    assert {seed for *_, seed, _ in specs} == {0, 1, 2, 3, 4}
+
+
+def test_scale_repeats_are_separate_seeded_federations() -> None:
+    ctx = Context(name="scale", out=Path("unused"), cache=Path("unused"), profile="quick")
+    cells = scale.grid(ctx)
+    assert [c.keys["repeat"] for c in cells] == [0, 1, 2, 3, 4]
+    assert sorted(c.spec.run_config["seed"] for c in cells if c.spec) == [0, 1, 2, 3, 4]
+    rows = [{"users": "1000", "repeat": str(i), "clients_per_round": "100", "rounds": "10",
+             "wall_s": "40", "startup_s": "20", "rounds_per_minute": str(40 + i),
+             "seconds_per_round": "1.5", "peak_rss_mb": "1500", "peak_processes": "15",
+             "final_val_loss": "5"} for i in range(5)]
+    # 40..44: mean 42, sd 1.58, t(0.975, 4) = 2.776: half-width 1.96.
+    assert "| 1000 | 100 | 10 | 5 | 42.0 ± 2.0 |" in "\n".join(scale.table(rows))
 
 
 def test_cli_rejects_unknown_experiments(capsys: pytest.CaptureFixture[str]) -> None:
