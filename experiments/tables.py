@@ -24,7 +24,6 @@ __all__ = [
     "last_entry",
     "mean_ci",
     "mean_pm_ci",
-    "mean_std",
     "paired_difference",
     "read_csv",
     "spends_of",
@@ -107,16 +106,6 @@ def spends_of(summary: Mapping[str, Any], clients: int = 0) -> list[float]:
     return spends + [0.0] * max(0, clients - len(spends))
 
 
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value) of the finite values; NaN if none."""
-    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
-    if not finite:
-        return math.nan, math.nan
-    if len(finite) == 1:
-        return finite[0], 0.0
-    return statistics.fmean(finite), statistics.stdev(finite)
-
-
 def fmt(value: float | None, digits: int = 3) -> str:
     """Format a number for a table: ``-`` for None/NaN, else ``digits`` significant digits."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -124,12 +113,6 @@ def fmt(value: float | None, digits: int = 3) -> str:
     if isinstance(value, float) and math.isinf(value):
         return "∞"
     return f"{value:.{digits}g}"
-
-
-def mean_pm_std(values: Iterable[float], digits: int = 3) -> str:
-    """``mean ± std`` of the finite values with ``digits`` decimals, ``-`` when there are none."""
-    m, s = mean_std(values)
-    return "-" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
 def _finite(values: Iterable[float | None]) -> list[float]:

@@ -24,7 +24,6 @@ from experiments.tables import (
     excludes_zero,
     mean_ci,
     mean_pm_ci,
-    mean_std,
     paired_difference,
     verdict,
     write_csv,
@@ -118,12 +117,6 @@ def test_write_csv_has_a_header_and_rejects_unknown_keys(tmp_path: Path) -> None
                                         ["1", "1", "1", ""]]
     with pytest.raises(ValueError):
         write_csv(tmp_path / "bad.csv", [{"nu": 1, "extra": 2}], ["nu"])
-
-
-def test_mean_std_ignores_non_finite() -> None:
-    assert mean_std([1.0, 3.0]) == (2.0, pytest.approx(math.sqrt(2)))
-    assert mean_std([5.0, math.nan]) == (5.0, 0.0)
-    assert all(math.isnan(v) for v in mean_std([]))
 
 
 def test_progress_prints_a_counted_line_per_configuration() -> None:
