@@ -24,10 +24,15 @@ def device_task(run_config: Mapping[str, Any], policy: DevicePolicy) -> Task:
 
 
 def client_fn(context: Context) -> Client:
-    """Build the client of this node for one message."""
+    """Build the client of this node for one message.
+
+    The task is built by the client itself, once the round is charged: building it may read
+    the device's data, and an error there must reach the server as the fixed failure text.
+    """
     policy = DevicePolicy.load(context.node_config)
     run_config = dict(context.run_config)
-    return GpflClient(device_task(run_config, policy), run_config, policy).to_client()
+    return GpflClient(lambda: device_task(run_config, policy), run_config, policy,
+                      run_id=context.run_id).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

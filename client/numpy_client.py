@@ -2,49 +2,69 @@
 
 Everything the server sends (the run config, the instruction, the hypotheses) is treated as
 chosen by an adversary; the device's policy (:mod:`client.policy`) bounds what is done with it.
-One ``fit``:
+One ``fit``, in an order that keeps every signal before the release independent of the data:
 
-1. combine the run config's request with the policy; a forbidden request is declined before
-   anything is computed (:class:`~client.policy.PolicyDecline`: nothing charged, a log line, and
-   ``declined-by = "policy"`` in the reply);
-2. check the instruction (k hypotheses of the task's shapes, finite float values no larger
-   than the device's ``max-parameter``): a malformed one is refused with a clear error, nothing
-   computed, charged or released;
-3. choose the best hypothesis on the local data, train it, charge the release to the ledger
-   (declining when the cap would be passed), sanitize with noise from the device's own entropy,
-   reply with the release and public metrics only.
+1. **Public decisions** (:mod:`client.release`): combine the run config's request with the
+   policy, check the instruction (k within the device's ``max-hypotheses``, finite float values
+   within its ``max-parameter``) and every noise scale the request implies. A forbidden or
+   absurd request is declined (:class:`~client.policy.PolicyDecline`: nothing read, computed or
+   charged; a log line, ``declined-by = "policy"`` and the reason in the reply).
+2. **The charge**, from the hypotheses' shapes alone: the ledger records the release, or the
+   round is declined because the cap would be passed (``declined-by = "budget"``), before any
+   private data is read: a decline neither depends on the data nor takes a time that does.
+3. **The private part**, charged whatever happens: build the task (it may read the device's
+   data file), choose the best hypothesis on the local data, train it (a diverged model is
+   replaced by its hypothesis), sanitize with noise from the device's own entropy, and check
+   the release invariant (:func:`mechanisms.invariant.verify_release`) at the very last step.
+   Any failure here reaches the server as one fixed message; the details stay in the device's
+   log.
 
-Nothing data-dependent leaves uncharged: ``evaluate`` answers nothing, and any failure in step 3
-reaches the server as one fixed message (the details stay in the device's log).
+A reply carries the release and public metrics: the mechanism's data-independent parameters
+and this federation's spend (releases tagged in the ledger with the federation's id), never
+the device's lifetime spend. ``evaluate`` answers nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from flwr.client import NumPyClient
 
 from client.policy import DevicePolicy, PolicyDecline
-from client.settings import ClientSettings, PrivacySettings
+from client.release import (
+    InstructionError,
+    ReleasePlan,
+    build_mechanism,
+    check_instruction,
+    check_shapes,
+    choose_hypothesis,
+    plan_release,
+    usable_model,
+)
+from client.settings import ClientSettings
 from mechanisms import (
     BudgetExceededError,
-    EuclideanLaplace,
-    GaussianMechanism,
     LedgerCorruptError,
-    Mechanism,
-    NoMechanism,
     PrivacyLedger,
     Spend,
-    StochasticSign,
     device_rng,
-    hypotheses_diameter,
     seeded_rng,
 )
+from mechanisms.invariant import verify_release
 from tasks import Task
 
-__all__ = ["RELEASE_FAILED", "GpflClient", "InstructionError", "ReleaseFailedError"]
+__all__ = [
+    "RELEASE_FAILED",
+    "GpflClient",
+    "InstructionError",
+    "ReleaseFailedError",
+    "build_mechanism",
+    "federation_key",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,43 +75,14 @@ RELEASE_FAILED = (
     "gpfl: the device could not complete this round; the details are in the device's log"
 )
 
-
-class InstructionError(ValueError):
-    """The server's instruction is malformed (public data only); nothing was computed."""
+_FEDERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class ReleaseFailedError(RuntimeError):
-    """A failure while private data was in use; its message is always :data:`RELEASE_FAILED`."""
+    """A failure once the round was charged; its message is always :data:`RELEASE_FAILED`."""
 
     def __init__(self) -> None:
         super().__init__(RELEASE_FAILED)
-
-
-def build_mechanism(privacy: PrivacySettings) -> Mechanism:
-    """Make the mechanism the client's applied privacy settings name."""
-    if privacy.mechanism == "laplace":
-        if privacy.calibration == "neighbourhood":
-            return EuclideanLaplace(
-                calibration="neighbourhood",
-                noise_multiplier=privacy.noise_multiplier,
-                per_layer=privacy.per_layer,
-            )
-        return EuclideanLaplace(
-            calibration="fixed",
-            epsilon=privacy.d_epsilon,
-            public_radius=privacy.public_radius,
-            per_layer=privacy.per_layer,
-        )
-    if privacy.mechanism in ("gaussian", "sign"):
-        cls = GaussianMechanism if privacy.mechanism == "gaussian" else StochasticSign
-        return cls(
-            clip=privacy.clip,
-            clip_mode=privacy.clip_mode,
-            epsilon=privacy.epsilon,
-            delta=privacy.delta,
-            planned_releases=privacy.planned_releases,
-        )
-    return NoMechanism()
 
 
 def train_rng(seed: int | None, *keys: int) -> np.random.Generator:
@@ -105,74 +96,28 @@ def train_rng(seed: int | None, *keys: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, *keys]))
 
 
+def federation_key(config: dict[str, Any], run_id: int | None) -> str:
+    """Return the tag of this federation's releases in the ledger.
+
+    The ServerApp sends a random ``federation-id`` (kept across ``--resume``); without a
+    well-formed one, the Flower run id. Only releases with this tag are reported back, so a
+    server learns nothing of the device's spend in other federations (it would have to know
+    their random ids).
+    """
+    given = config.get("federation-id")
+    if isinstance(given, str) and _FEDERATION_ID.fullmatch(given):
+        return given
+    return f"run-{run_id}" if run_id is not None else "run-unknown"
+
+
 def spend_metrics(spend: Spend) -> dict[str, float | int]:
-    """Return the public spend report: exact sums of the charged costs."""
+    """Return the public spend report: exact sums of the costs charged in this federation."""
     return {
         "spend-d": float(spend.d_privacy),
         "spend-epsilon": float(spend.epsilon),
         "spend-delta": float(spend.delta),
         "releases": int(spend.releases),
-        "declines": int(spend.declines),
     }
-
-
-def split_hypotheses(
-    parameters: Arrays,
-    config: dict[str, Any],
-    shapes: list[tuple[int, ...]],
-    max_abs: float = float("inf"),
-) -> list[Arrays]:
-    """Check the server's instruction and split it into k hypotheses of the task's shapes.
-
-    Parameters
-    ----------
-    parameters : list of np.ndarray
-        The k × L arrays the server sent.
-    config : dict
-        The instruction's config (``num-hypotheses``).
-    shapes : list of tuple of int
-        The task's layer shapes.
-    max_abs : float
-        The largest magnitude a value may have (the device's ``max-parameter``).
-
-    Raises
-    ------
-    InstructionError
-        A count that does not divide into ``num-hypotheses``, a shape that is not the task's,
-        a non-float dtype, a non-finite value or one beyond ``max_abs`` (the message holds
-        public values only).
-    """
-    k = config.get("num-hypotheses", 1)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise InstructionError(f"num-hypotheses must be an integer >= 1, got {k!r}")
-    layers = len(shapes)
-    if len(parameters) != k * layers:
-        raise InstructionError(
-            f"expected num-hypotheses={k} x {layers} arrays, got {len(parameters)} arrays"
-        )
-    hypotheses = []
-    for j in range(k):
-        arrays = parameters[j * layers:(j + 1) * layers]
-        for i, (array, shape) in enumerate(zip(arrays, shapes, strict=True)):
-            if not isinstance(array, np.ndarray) or array.shape != tuple(shape):
-                got = getattr(array, "shape", type(array).__name__)
-                raise InstructionError(
-                    f"hypothesis {j}, layer {i}: expected shape {tuple(shape)}, got {got}"
-                )
-            if not np.issubdtype(array.dtype, np.floating):
-                raise InstructionError(
-                    f"hypothesis {j}, layer {i}: expected floating-point values, got {array.dtype}"
-                )
-            if not np.isfinite(array).all():
-                raise InstructionError(f"hypothesis {j}, layer {i}: non-finite values")
-            largest = float(np.abs(array).max()) if array.size else 0.0
-            if largest > max_abs:
-                raise InstructionError(
-                    f"hypothesis {j}, layer {i}: a value of magnitude {largest:.3g} is beyond "
-                    f"this device's max-parameter={max_abs:g}"
-                )
-        hypotheses.append(list(arrays))
-    return hypotheses
 
 
 class GpflClient(NumPyClient):
@@ -180,18 +125,35 @@ class GpflClient(NumPyClient):
 
     Parameters
     ----------
-    task : Task
-        The learning task (data, model, loss, local training).
+    task : Task or callable
+        The learning task, or a function that builds it (called only once the round is
+        charged: building a task may read the device's data).
     run_config : dict
         The run config as the server sent it (a request).
     policy : DevicePolicy
         The device's own settings and bounds.
+    run_id : int, optional
+        Flower's run id, the ledger tag of releases when the server sends no federation id.
     """
 
-    def __init__(self, task: Task, run_config: dict[str, Any], policy: DevicePolicy) -> None:
-        self.task = task
+    def __init__(
+        self, task: Task | Callable[[], Task], run_config: dict[str, Any], policy: DevicePolicy,
+        *, run_id: int | None = None,
+    ) -> None:
+        self._task_source = task
+        self._task: Task | None = task if isinstance(task, Task) else None
         self.run_config = run_config
         self.policy = policy
+        self.run_id = run_id
+
+    @property
+    def task(self) -> Task:
+        """The task, built on first use."""
+        if self._task is None:
+            source = self._task_source
+            assert callable(source)
+            self._task = source()
+        return self._task
 
     def get_parameters(self, config: dict[str, Any]) -> Arrays:
         """Return nothing: the server initialises the hypotheses."""
@@ -217,81 +179,85 @@ class GpflClient(NumPyClient):
         revealed) and public metrics; no cluster id is sent. A request the policy forbids, or
         a release that would pass the cap, is declined: no arrays and ``declined=1``.
         """
-        try:
-            s = ClientSettings.resolve(self.run_config, self.policy)
-        except PolicyDecline as decline:
-            logger.warning("%s declines: %s", self.policy.client_name, decline)
-            return self._decline(str(decline), "policy", None)
         server_round = config.get("server-round", 0)
         if isinstance(server_round, bool) or not isinstance(server_round, int) or server_round < 0:
             raise InstructionError(f"server-round must be an integer >= 0, got {server_round!r}")
-        hypotheses = split_hypotheses(parameters, config, self.task.parameter_shapes,
-                                      max_abs=float(self.policy["max-parameter"]))
+        try:
+            s = ClientSettings.resolve(self.run_config, self.policy)
+            hypotheses = check_instruction(parameters, config, max_abs=s.max_parameter,
+                                           max_hypotheses=s.max_hypotheses)
+            plan = plan_release(s.privacy, hypotheses, max_abs=s.max_parameter)
+        except PolicyDecline as decline:
+            logger.warning("%s declines: %s", self.policy.client_name, decline)
+            return self._decline(str(decline), "policy", None)
+        if not self.policy["data-path"]:
+            # No device file to read: building the task is public (its data is generated from
+            # the run config), so a malformed instruction is refused before it is charged.
+            check_shapes(hypotheses, self.task)
+        federation = federation_key(config, self.run_id)
+        base: dict[str, Any] = {"mechanism": s.privacy.mechanism, "client-name": s.name,
+                                **plan.metrics}
         try:
             # Opening the ledger reads and validates it: a corrupt or vanished ledger stops
             # the client here, before it trains or releases anything.
             ledger = PrivacyLedger(s.ledger_path, delta=s.privacy.ledger_delta)
+            # Charged (and on disk) before any private data is read.
+            lifetime = ledger.charge(plan.event, cap=s.privacy.cap(plan.event.family),
+                                     round=server_round, federation=federation)
         except LedgerCorruptError:
             logger.exception("%s: the privacy ledger is unusable; nothing is released", s.name)
             raise ReleaseFailedError() from None
+        except BudgetExceededError as err:
+            ledger.record_decline()
+            logger.warning("%s declines round %d: %s", s.name, server_round, err)
+            reason = f"the next release would pass this device's {plan.event.family} cap"
+            _, _, metrics = self._decline(reason, "budget", ledger.spent(federation=federation))
+            return [], 1, {**base, **metrics}
         try:
-            return self._release(s, ledger, hypotheses, server_round)
-        except ReleaseFailedError:
-            raise
+            released = self._release(s, plan, hypotheses, server_round, lifetime.releases)
+            spend = ledger.spent(federation=federation)
         except Exception:
-            # Private data was in use: the text of any error could carry it. The device keeps
-            # the details; the server learns only that the round failed.
-            logger.exception("%s: round %d failed", s.name, server_round)
+            # Charged, and private data was in use: the text of any error could carry it. The
+            # device keeps the details; the server learns only that the round failed.
+            logger.exception("%s: round %d failed (charged)", s.name, server_round)
             raise ReleaseFailedError() from None
+        return released, 1, {**base, "declined": 0, **spend_metrics(spend)}
 
     def _release(
-        self, s: ClientSettings, ledger: PrivacyLedger, hypotheses: list[Arrays],
-        server_round: int,
-    ) -> tuple[Arrays, int, dict[str, Any]]:
-        mechanism = build_mechanism(s.privacy)
-        data = self.task.client_dataset(s.partition_id, s.num_partitions)
-        losses = [self.task.loss(h, data) for h in hypotheses]
-        best = int(np.argmin(losses))
-        trained = self.task.train(
-            hypotheses[best],
-            data,
-            epochs=s.local_epochs,
-            learning_rate=s.learning_rate,
-            batch_size=s.batch_size,
-            rng=train_rng(s.train_seed, s.partition_id, server_round),
-            device=s.device,
-        )
+        self, s: ClientSettings, plan: ReleasePlan, hypotheses: list[Arrays],
+        server_round: int, releases: int,
+    ) -> Arrays:
+        task = self.task
+        check_shapes(hypotheses, task)
+        data = task.client_dataset(s.partition_id, s.num_partitions)
+        best = choose_hypothesis(lambda h: _safe_loss(task, h, data), hypotheses)
         reference = hypotheses[best]
-        # The release is centred on a hypothesis chosen with private data: mechanisms whose
-        # guarantee depends on it (Gaussian) calibrate to the hypotheses' public spread.
-        spread = hypotheses_diameter(hypotheses)
-        event = mechanism.event(reference, trained)
-        public = {
-            k: float(v)
-            for k, v in mechanism.public_metrics(reference, trained, spread=spread).items()
-        }
-        if s.privacy.mechanism == "laplace" and s.privacy.calibration == "neighbourhood":
-            # Under the neighbourhood calibration σ is a function of ‖δ‖: declaring it would
-            # publish ‖δ‖ exactly. Only data-independent σ are declared.
-            public.pop("sigma", None)
-        base: dict[str, Any] = {"mechanism": s.privacy.mechanism, "client-name": s.name, **public}
         try:
-            # Charged (and on disk) before anything leaves the device.
-            spend = ledger.charge(event, cap=s.privacy.cap(event.family), round=server_round)
-        except BudgetExceededError as err:
-            spend = ledger.record_decline()
-            logger.warning("%s declines round %d: %s", s.name, server_round, err)
-            reason = f"the next release would pass this device's {event.family} cap"
-            _, _, metrics = self._decline(reason, "budget", spend)
-            return [], 1, {**base, **metrics}
+            trained: Any = task.train(
+                reference, data, epochs=s.local_epochs, learning_rate=s.learning_rate,
+                batch_size=s.batch_size,
+                rng=train_rng(s.train_seed, s.partition_id, server_round), device=s.device,
+            )
+        except Exception:
+            logger.exception("%s: local training failed; releasing the hypothesis", s.name)
+            trained = None
+        updated, ok = usable_model(trained if trained is not None else reference, reference,
+                                   max_abs=s.max_parameter)
+        if not ok:
+            logger.warning("%s: the trained model is not finite or beyond max-parameter; the "
+                           "hypothesis is released in its place (with the charged noise)", s.name)
         if s.noise_seed is None:
             rng = device_rng()
         else:
             # Opted in by the device (experiments): keyed by the device's own release count,
             # never by anything the server chose.
-            rng = seeded_rng(s.noise_seed, s.partition_id, spend.releases)
-        released = mechanism.sanitize(reference, trained, rng=rng, spread=spread)
-        return released, 1, {**base, "declined": 0, **spend_metrics(spend)}
+            rng = seeded_rng(s.noise_seed, s.partition_id, releases)
+        released = plan.mechanism.sanitize(reference, updated, rng=rng, spread=plan.spread)
+        # The last line of defence: nothing leaves without the noise its charge paid for.
+        verify_release(plan.mechanism, plan.event, reference=reference, updated=updated,
+                       released=released, spread=plan.spread,
+                       allow_unsanitized=s.privacy.mechanism == "none")
+        return released
 
     def evaluate(
         self, parameters: Arrays, config: dict[str, Any]
@@ -303,3 +269,12 @@ class GpflClient(NumPyClient):
         """
         logger.info("%s: evaluate refused (a local loss is private)", self.policy.client_name)
         return 0.0, 0, {"client-name": self.policy.client_name, "refused": 1}
+
+
+def _safe_loss(task: Task, hypothesis: Arrays, data: Any) -> float:
+    """Return a hypothesis's local loss; a failure counts as infinite (never an error)."""
+    try:
+        return float(task.loss(hypothesis, data))
+    except Exception:
+        logger.exception("the local loss of a hypothesis failed; it counts as infinite")
+        return float("inf")

@@ -33,6 +33,8 @@ class PrivacySettings:
         The requested mechanism (allowed by the policy) and Laplace calibration.
     noise_multiplier, d_epsilon, public_radius : float
         Laplace: ν (neighbourhood), ε per unit distance and the radius charged (fixed).
+    least_radius : float
+        Laplace neighbourhood: the device's least protected radius (noise ≥ ν·least_radius).
     per_layer : bool
         Laplace: one noise vector per layer.
     epsilon, delta : float
@@ -50,6 +52,7 @@ class PrivacySettings:
     noise_multiplier: float
     d_epsilon: float
     public_radius: float
+    least_radius: float
     per_layer: bool
     epsilon: float
     delta: float
@@ -81,6 +84,8 @@ class ClientSettings:
     train_seed: int | None
     noise_seed: int | None
     device: str
+    max_parameter: float
+    max_hypotheses: int
     partition_id: int
     num_partitions: int
     name: str
@@ -132,6 +137,7 @@ class ClientSettings:
             noise_multiplier=applied("noise-multiplier"),
             d_epsilon=applied("d-epsilon"),
             public_radius=applied("public-radius"),
+            least_radius=float(policy["least-radius"]),
             per_layer=request["per-layer"],
             epsilon=applied("epsilon"),
             delta=applied("delta"),
@@ -152,6 +158,8 @@ class ClientSettings:
             train_seed=seed if seed >= 0 else None,
             noise_seed=policy.noise_seed,
             device=str(policy["device"]),
+            max_parameter=float(policy["max-parameter"]),
+            max_hypotheses=int(policy["max-hypotheses"]),
             partition_id=policy.partition_id,
             num_partitions=policy.num_partitions,
             name=policy.client_name,

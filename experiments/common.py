@@ -262,7 +262,7 @@ def experiment_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
     return {
         **data,
         "mechanisms": "laplace,gaussian,sign,none",
-        "noise-multiplier": 1e-9, "d-epsilon": 1e12, "public-radius": 1e-12, "epsilon": 1e12,
+        "noise-multiplier": 1e-9, "d-epsilon": 1e6, "public-radius": 1e-12, "epsilon": 1e6,
         "delta": float(run_config.get("delta", 1e-5)),
         "cap-d-privacy": 1e15, "cap-epsilon": 1e15,
         "allow-seeded-noise": True, "noise-seed": max(seed, 0), "device": "cpu",

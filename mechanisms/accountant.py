@@ -98,15 +98,25 @@ class Spend:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """One charged release: the event, when (UTC, ISO 8601) and in which round."""
+    """One charged release: the event, when (UTC, ISO 8601), in which round and federation.
+
+    ``federation`` tags the release with the federation it was made for (``None`` for
+    releases recorded before tags existed), so that a device can report a federation its
+    spend there without telling it about its other federations.
+    """
 
     event: PrivacyEvent
     time: str
     round: int | None
+    federation: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the JSON form stored in the ledger file."""
-        return {"time": self.time, "round": self.round, "event": self.event.to_dict()}
+        """Return the JSON form stored in the ledger file (``federation`` only when tagged)."""
+        out: dict[str, Any] = {"time": self.time, "round": self.round,
+                               "event": self.event.to_dict()}
+        if self.federation is not None:
+            out["federation"] = self.federation
+        return out
 
 
 def check_supported(event: PrivacyEvent) -> None:

@@ -96,7 +96,7 @@ class _Block:
 
     layers: tuple[int, ...]
     size: int
-    epsilon: float  # 0.0 means: no noise (the zero-radius case of the neighbourhood calibration)
+    epsilon: float  # > 0 and finite: the noise of every block is real
 
 
 class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
@@ -110,8 +110,9 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
     ----------
     calibration : {"neighbourhood", "fixed"}
         ``"neighbourhood"`` (the paper's heuristic): with δ = updated − reference
-        over ``n`` parameters, ε = n / (ν‖δ‖), so that E‖ρ‖ = ν‖δ‖ and every model
-        within ‖δ‖ of the released one is indistinguishable up to e^{n/ν}. Each
+        over ``n`` parameters and r = max(‖δ‖, ``least_radius``), ε = n / (ν·r), so
+        that E‖ρ‖ = ν·r and every model within r of the released one is
+        indistinguishable up to e^{n/ν}. Each
         release costs n/ν, recorded as a
         :class:`~mechanisms.events.NeighbourhoodEvent` of the block sizes and ν
         alone (never of ‖δ‖, whose last bits would otherwise show in the reported
@@ -124,6 +125,11 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
         :class:`~mechanisms.events.MetricPrivacyEvent`: both numbers are public).
     noise_multiplier : float, optional
         ν > 0 (neighbourhood only). Larger is more private.
+    least_radius : float, optional
+        r_min > 0 (neighbourhood only): the least radius a release protects, so
+        that the noise never falls below ν·r_min however small ‖δ‖ is (a server
+        that shrinks the update, e.g. with a tiny learning rate, still gets a
+        noisy release). Without it (``None``) a release with ‖δ‖ = 0 is refused.
     epsilon : float, optional
         ε > 0 per unit distance (fixed only).
     public_radius : float, optional
@@ -135,15 +141,12 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
 
     Notes
     -----
-    **‖δ‖ = 0** (neighbourhood calibration; per layer with ``per_layer``): the
-    heuristic's ε = n/(ν·0) is infinite and its noise radius 0, so the layers are
-    released unchanged (``updated``, which equals ``reference`` there) and no noise
-    is drawn. This is the limit of the heuristic as ‖δ‖ → 0 and matches its
-    definition (a neighbourhood of radius 0 protects nothing beyond itself), but it
-    tells the server that training did not move the model and which hypothesis the
-    client started from. The cost n/ν is still charged, by the same event as for
-    any other ‖δ‖. The same applies when ‖δ‖ is so small (subnormal) that ε would
-    overflow.
+    **No release without noise.** The heuristic's ε = n/(ν‖δ‖) is infinite at
+    ‖δ‖ = 0 (its noise radius 0: the release would be the hypothesis the client
+    started from, unnoised). With ``least_radius`` the radius is never below it;
+    without, such a release is refused (``ValueError``), as is any block whose ε
+    would not be positive and finite (ν·r overflowing float64, or underflowing).
+    A release always carries noise at the scale its event is charged for.
 
     **k ≥ 2 hypotheses**: d-privacy is a guarantee on the released point itself, so
     the choice of hypothesis (made with private data) is protected only at the scale
@@ -160,12 +163,14 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
         epsilon: float | None = None,
         public_radius: float | None = None,
         per_layer: bool = False,
+        least_radius: float | None = None,
     ) -> None:
         self.calibration = check_choice("calibration", calibration, CALIBRATIONS)
         self.per_layer = check_bool("per_layer", per_layer)
         self.noise_multiplier: float | None = None
         self.epsilon: float | None = None
         self.public_radius: float | None = None
+        self.least_radius: float | None = None
         if self.calibration == "neighbourhood":
             if noise_multiplier is None:
                 raise ValueError("noise_multiplier is required with calibration='neighbourhood'")
@@ -174,17 +179,24 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
                     "epsilon and public_radius are only used with calibration='fixed'"
                 )
             self.noise_multiplier = check_positive_finite("noise_multiplier", noise_multiplier)
+            if least_radius is not None:
+                self.least_radius = check_positive_finite("least_radius", least_radius)
         else:
             if epsilon is None or public_radius is None:
                 raise ValueError("epsilon and public_radius are required with calibration='fixed'")
-            if noise_multiplier is not None:
-                raise ValueError("noise_multiplier is only used with calibration='neighbourhood'")
+            if noise_multiplier is not None or least_radius is not None:
+                raise ValueError(
+                    "noise_multiplier and least_radius are only used with "
+                    "calibration='neighbourhood'"
+                )
             self.epsilon = check_positive_finite("epsilon", epsilon)
             self.public_radius = check_positive_finite("public_radius", public_radius)
 
     def __repr__(self) -> str:
         if self.calibration == "neighbourhood":
             params = f"noise_multiplier={self.noise_multiplier!r}"
+            if self.least_radius is not None:
+                params += f", least_radius={self.least_radius!r}"
         else:
             params = f"epsilon={self.epsilon!r}, public_radius={self.public_radius!r}"
         return (
@@ -207,10 +219,9 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
                 blocks.append(_Block(group, size, self.epsilon))
                 continue
             assert self.noise_multiplier is not None
-            scale = self.noise_multiplier * _distance(ref, upd, group)  # may underflow to 0
-            epsilon = size / scale if scale > 0.0 else math.inf
-            # ‖δ‖ = 0 (or subnormal): release unchanged (see the class notes).
-            blocks.append(_Block(group, size, epsilon if math.isfinite(epsilon) else 0.0))
+            radius = max(_distance(ref, upd, group), self.least_radius or 0.0)
+            blocks.append(_Block(group, size, neighbourhood_epsilon(
+                size, self.noise_multiplier, radius)))
         return blocks
 
     def _event(self, upd: Layers) -> MetricPrivacyEvent | NeighbourhoodEvent:
@@ -236,10 +247,6 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
         """
         out: list[np.ndarray | None] = [None] * len(upd)
         for block in self._blocks(ref, upd):
-            if block.epsilon == 0.0:
-                for i in block.layers:
-                    out[i] = upd[i].copy()
-                continue
             noise = sample_euclidean_laplace(block.size, block.epsilon, rng)
             offset = 0
             for i in block.layers:
@@ -256,14 +263,37 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
         ``sigma`` = √(n+1)/ε for one block. With ``per_layer`` the layers have
         different scales; ``sigma`` is their root mean square over coordinates,
         √(Σ_l n_l σ_l² / n), so that n·sigma² = E‖ρ‖², the same identity as for one
-        block. Layers released without noise (‖δ_l‖ = 0) count as σ_l = 0.
+        block.
         ``spread`` is validated and ignored, as in :meth:`sanitize`.
         """
         blocks = self._blocks(ref, upd)
         total = sum(b.size for b in blocks)
-        energy = math.fsum(b.size * (b.size + 1) / b.epsilon**2 for b in blocks if b.epsilon > 0)
+        # Products, not powers: a float power that overflows raises, a product gives inf.
+        energy = math.fsum(b.size * (b.size + 1) * (1.0 / b.epsilon) * (1.0 / b.epsilon)
+                           for b in blocks)
         sigma = math.sqrt(energy / total) if total else 0.0
         return {"sigma": sigma, "budget-epsilon": 0.0, "budget-delta": 0.0}
+
+
+def neighbourhood_epsilon(size: int, noise_multiplier: float, radius: float) -> float:
+    """Return the neighbourhood calibration's ε = n/(ν·r) of a block, checked.
+
+    Raises
+    ------
+    ValueError
+        If ε is not positive and finite: ``radius`` 0 (no least radius and ‖δ‖ = 0:
+        the release would carry no noise), or ν·r overflowing or underflowing float64.
+        The message holds no private value.
+    """
+    scale = noise_multiplier * radius
+    epsilon = size / scale if scale > 0.0 else math.inf
+    if not 0.0 < epsilon < math.inf:
+        raise ValueError(
+            "the neighbourhood calibration's epsilon = n/(nu*r) is not positive and finite "
+            "(r = 0 without a least radius, or nu*r out of float64's range): refusing a "
+            "release without noise"
+        )
+    return epsilon
 
 
 def _distance(ref: list[np.ndarray], upd: list[np.ndarray], group: tuple[int, ...]) -> float:

@@ -83,9 +83,17 @@ class PrivacyLedger:
 
     # -- queries ------------------------------------------------------------------------------
 
-    def spent(self) -> Spend:
-        """Return the current spend, read from disk (other writers included)."""
-        return self._spend(self._read())
+    def spent(self, *, federation: str | None = None) -> Spend:
+        """Return the current spend, read from disk (other writers included).
+
+        With ``federation``, only the releases charged for it (``declines`` is then 0: a
+        decline is not tagged); without, the device's lifetime spend.
+        """
+        state = self._read()
+        if federation is None:
+            return self._spend(state)
+        entries = tuple(e for e in state.entries if e.federation == federation)
+        return compose(entries, declines=0, delta=self.delta)
 
     def entries(self) -> tuple[LedgerEntry, ...]:
         """Return every charged release, oldest first."""
@@ -94,7 +102,8 @@ class PrivacyLedger:
     # -- changes ------------------------------------------------------------------------------
 
     def charge(
-        self, event: PrivacyEvent, *, cap: float | None, round: int | None = None
+        self, event: PrivacyEvent, *, cap: float | None, round: int | None = None,
+        federation: str | None = None,
     ) -> Spend:
         """Record a release, unless it would pass ``cap``; return the new spend.
 
@@ -120,6 +129,9 @@ class PrivacyLedger:
             allows the non-private baseline). Otherwise finite and >= 0.
         round : int or None
             The server round, stored for the record.
+        federation : str or None
+            The federation the release is made for, stored with it (:meth:`spent`).
+            The cap always applies to the device's whole spend.
 
         Raises
         ------
@@ -136,7 +148,9 @@ class PrivacyLedger:
             isinstance(round, bool) or not isinstance(round, int) or round < 0
         ):
             raise ValueError(f"round must be a non-negative integer or None, got round={round!r}")
-        entry = LedgerEntry(event, _now(), round)
+        if federation is not None and not isinstance(federation, str):
+            raise TypeError(f"federation must be a string or None, got federation={federation!r}")
+        entry = LedgerEntry(event, _now(), round, federation)
 
         def add(state: LedgerState) -> LedgerState:
             if limit is not None:

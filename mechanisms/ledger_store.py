@@ -347,9 +347,14 @@ def _parse(document: Any) -> LedgerState:
 
 
 def _parse_entry(i: int, item: Any) -> LedgerEntry:
-    if not isinstance(item, dict) or set(item) != {"time", "round", "event"}:
-        raise ValueError(f"event {i} must have exactly the keys time, round, event")
+    keys = set(item) if isinstance(item, dict) else set()
+    if keys not in ({"time", "round", "event"}, {"time", "round", "event", "federation"}):
+        raise ValueError(f"event {i} must have exactly the keys time, round, event "
+                         "(and optionally federation)")
     time, rnd = item["time"], item["round"]
+    federation = item.get("federation")
+    if federation is not None and not isinstance(federation, str):
+        raise ValueError(f"event {i}: federation must be a string, got {federation!r}")
     if not isinstance(time, str):
         raise ValueError(f"event {i}: time must be a string, got {time!r}")
     if rnd is not None and not _is_count(rnd):
@@ -358,7 +363,7 @@ def _parse_entry(i: int, item: Any) -> LedgerEntry:
         event = event_from_dict(item["event"])
     except (TypeError, ValueError) as err:
         raise ValueError(f"event {i}: {err}") from err
-    return LedgerEntry(event, time, rnd)
+    return LedgerEntry(event, time, rnd, federation)
 
 
 def _is_count(value: object) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any
@@ -138,8 +139,17 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     if settings.task == "synthetic":
         task_info["optima"] = parse_optima(settings.values["optima"])
     shapes = [np.shape(layer) for layer in hypotheses[0]]
+    identity = run_identity(settings.values, shapes)
+    checkpoint = None
+    if settings.resume_from is not None:
+        checkpoint = read_checkpoint(settings.resume_from / CHECKPOINT_NAME)
+    # Devices tag their releases with this id and report only this federation's spend; it is
+    # random (another federation's devices never hear it) and survives a resume.
+    saved_identity = checkpoint[0]["identity"] if checkpoint is not None else {}
+    if checkpoint is None or "federation-id" in saved_identity:
+        identity["federation-id"] = saved_identity.get("federation-id") or secrets.token_hex(16)
     recorder = RunRecorder(out_dir, run_config, settings.num_rounds, settings.mechanism, task_info,
-                           identity=run_identity(settings.values, shapes))
+                           identity=identity)
     strategy = ClusteredStrategy(
         initial_hypotheses=hypotheses,
         clients_per_round=settings.clients_per_round,
@@ -156,6 +166,8 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         on_round=recorder.on_round,
         on_stop=recorder.on_stop,
         keep_released=task.num_parameters <= 10,
+        fit_config={"federation-id": identity["federation-id"]}
+        if "federation-id" in identity else None,
     )
     recorder.attach(strategy)
     logger.info(
@@ -166,8 +178,8 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         settings.mechanism, settings.aggregation, out_dir,
     )
     remaining = settings.num_rounds
-    if settings.resume_from is not None:
-        state, arrays = read_checkpoint(settings.resume_from / CHECKPOINT_NAME)
+    if settings.resume_from is not None and checkpoint is not None:
+        state, arrays = checkpoint
         check_identity(state["identity"], recorder.identity, str(settings.resume_from))
         strategy.restore(state["strategy"], arrays)
         recorder.restore(state)

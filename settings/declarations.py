@@ -12,6 +12,25 @@ import re
 
 from settings.setting import Setting
 
+# ------------------------------------------------------------------------------ ranges
+# Every number a server sends is bounded here, so that no value derived from it on a device
+# (noise scales, radii, costs, training steps) can overflow, underflow to zero or exhaust the
+# device: ν·‖δ‖ stays far below float64's 1.8e308 for any model values a device accepts
+# (max-parameter), and an epsilon of 1e6 already means "no privacy" for any model.
+#: The largest privacy parameter (ν, ε, radius, clip) a run may ask for.
+MAX_PRIVACY_PARAMETER = 1e6
+#: The largest local step: beyond it SGD diverges on any task (a diverged model is released as
+#: the hypothesis plus noise, see client.release).
+MAX_LEARNING_RATE = 1e3
+#: The most local epochs of one round (a device's round time grows with them).
+MAX_EPOCHS = 10_000
+#: The largest count of rounds, samples, users, batch or planned releases.
+MAX_COUNT = 10_000_000
+#: The most hypotheses an instruction may carry (a device bounds it lower: max-hypotheses).
+MAX_HYPOTHESES = 1_000
+#: The largest magnitude of a coordinate of an optimum of the generated tasks.
+MAX_OPTIMUM = 1e6
+
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
@@ -35,8 +54,8 @@ def _check_positive_list(text: str) -> None:
         values = [float(v) for v in text.split(",")]
     except ValueError:
         raise ValueError("must be comma-separated numbers") from None
-    if any(not math.isfinite(v) or v <= 0 for v in values):
-        raise ValueError("must hold positive finite numbers")
+    if any(not math.isfinite(v) or v <= 0 or v > MAX_PRIVACY_PARAMETER for v in values):
+        raise ValueError(f"must hold positive numbers of at most {MAX_PRIVACY_PARAMETER:g}")
 
 
 def _check_optima(text: str) -> None:
@@ -49,8 +68,8 @@ def _check_optima(text: str) -> None:
         raise ValueError("must be ';'-separated vectors of ','-separated numbers") from None
     if not vectors or len({len(v) for v in vectors}) != 1:
         raise ValueError("must hold at least one vector, all of the same length")
-    if any(not math.isfinite(x) for v in vectors for x in v):
-        raise ValueError("must hold finite numbers")
+    if any(not math.isfinite(x) or abs(x) > MAX_OPTIMUM for v in vectors for x in v):
+        raise ValueError(f"must hold finite numbers of magnitude at most {MAX_OPTIMUM:g}")
 
 
 def parse_optima(text: str) -> list[list[float]]:
@@ -73,9 +92,10 @@ MECHANISMS = ("laplace", "gaussian", "sign", "none")
 _DECLARATIONS: tuple[Setting, ...] = (
     # -- the run ---------------------------------------------------------------------------------
     Setting("task", str, "synthetic", "the learning task", choices=_TASKS),
-    Setting("num-hypotheses", int, 2, "k, the number of models (one per group of clients)",
-            minimum=1),
-    Setting("num-rounds", int, 20, "rounds of training", minimum=1),
+    Setting("num-hypotheses", int, 2,
+            "k, the number of models (one per group of clients); a device serves at most its "
+            "max-hypotheses", minimum=1, maximum=MAX_HYPOTHESES),
+    Setting("num-rounds", int, 20, "rounds of training", minimum=1, maximum=MAX_COUNT),
     Setting("clients-per-round", int, 7, "clients sampled each round (fewer if fewer connect)",
             minimum=1),
     Setting("eval-every", int, 1, "validate on held-out users every this many rounds", minimum=1),
@@ -104,10 +124,12 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "where the ServerApp validates (torch tasks): auto, cpu, cuda or cuda:N",
             check=_check_device),
     # -- local training --------------------------------------------------------------------------
-    Setting("local-epochs", int, 1, "E, local epochs per round", group="training", minimum=1),
+    Setting("local-epochs", int, 1, "E, local epochs per round", group="training", minimum=1,
+            maximum=MAX_EPOCHS),
     Setting("learning-rate", float, 0.1, "s, the local SGD step", group="training",
-            minimum=0.0, open_minimum=True),
-    Setting("batch-size", int, 10, "B, the local batch size", group="training", minimum=1),
+            minimum=0.0, open_minimum=True, maximum=MAX_LEARNING_RATE),
+    Setting("batch-size", int, 10, "B, the local batch size", group="training", minimum=1,
+            maximum=MAX_COUNT),
     # -- privacy: what the run asks for -----------------------------------------------------------
     Setting("mechanism", str, "laplace",
             "requested mechanism; a device declines one its `mechanisms` do not allow",
@@ -118,21 +140,21 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("noise-multiplier", float, 5.0,
             "nu of the neighbourhood calibration (E‖noise‖ = nu·‖δ‖); the device's is a minimum",
             owner="both", stricter="max", device_default=1.0, group="privacy",
-            minimum=0.0, open_minimum=True),
+            minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("d-epsilon", float, 1.0,
             "laplace fixed: epsilon per unit of distance of one release; the device's is a "
             "maximum", owner="both", stricter="min", device_default=10.0, group="privacy",
-            minimum=0.0, open_minimum=True),
+            minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("public-radius", float, 1.0,
             "laplace fixed: the radius r a release is charged at (cost d-epsilon·r); the "
             "device's is a minimum", owner="both", stricter="max", device_default=1.0,
-            group="privacy", minimum=0.0, open_minimum=True),
+            group="privacy", minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("per-layer", bool, False,
             "laplace: sanitize each layer with its own noise (costs add)", group="privacy"),
     Setting("epsilon", float, 1.0,
             "gaussian/sign: the (epsilon, delta) target the planned releases compose to; the "
             "device's is a maximum", owner="both", stricter="min", device_default=10.0,
-            group="privacy", minimum=0.0, open_minimum=True),
+            group="privacy", minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("client-epsilons", str, "",
             "gaussian/sign, simulation: partition p asks for epsilon number p mod len "
             "(e.g. \"1,5,10\")", group="privacy", check=_check_positive_list),
@@ -141,12 +163,12 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "ledger reports at", owner="both", stricter="min", device_default=1e-5,
             group="privacy", minimum=0.0, maximum=1.0, open_minimum=True, open_maximum=True),
     Setting("clip", float, 1.0, "gaussian/sign: the clipping bound C of the update",
-            group="privacy", minimum=0.0, open_minimum=True),
+            group="privacy", minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("clip-mode", str, "l2", "gaussian/sign: clip the L2 norm, or each coordinate",
             group="privacy", choices=("l2", "elementwise")),
     Setting("planned-releases", int, 0,
             "gaussian/sign: releases the epsilon target is spread over (0 = num-rounds)",
-            group="privacy", minimum=0),
+            group="privacy", minimum=0, maximum=MAX_COUNT),
     Setting("cap-d-privacy", float, 0.0,
             "cap on a client's total d-privacy spend Σ epsilon·r (laplace); 0 = no request, "
             "the device's cap applies", owner="both", stricter="min", device_default=50.0,
@@ -166,12 +188,13 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("optima", str, "5,6;4,-4.5",
             "synthetic, fairness: one optimum per group, `;`-separated vectors", group="tasks",
             check=_check_optima),
-    Setting("users", int, 0, "training users (0 = one per SuperNode)", group="tasks", minimum=0),
+    Setting("users", int, 0, "training users (0 = one per SuperNode)", group="tasks", minimum=0,
+            maximum=MAX_COUNT),
     Setting("samples-per-user", int, 10, "synthetic, fairness: samples of each user",
-            group="tasks", minimum=1),
+            group="tasks", minimum=1, maximum=MAX_COUNT),
     Setting("validation-users", int, 20,
             "held-out users the server validates on (>= 1; hospital: at most this many held-out "
-            "providers, 0 = all of them)", group="tasks", minimum=0),
+            "providers, 0 = all of them)", group="tasks", minimum=0, maximum=MAX_COUNT),
     Setting("rotate-probability", float, 0.5,
             "digits, femnist: probability that a user's images are rotated", group="tasks",
             minimum=0.0, maximum=1.0),
@@ -235,7 +258,25 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("max-parameter", float, 1e6,
             "the largest |value| in a hypothesis this device accepts; a larger one is refused "
             "before anything is computed or charged", owner="device", group="device",
-            minimum=0.0, open_minimum=True),
+            minimum=0.0, open_minimum=True, maximum=1e12),
+    # The neighbourhood calibration scales the noise with ‖δ‖, and the server chooses much of
+    # ‖δ‖ (learning rate, epochs, hypotheses): with a vanishing step δ = 0 and the release would
+    # be the hypothesis the device picked. The floor keeps the noise at ν·least-radius at least,
+    # so a release always protects a ball of this radius around the device's model. 0.01 is
+    # below ~90 % of the honest updates of the synthetic task even at its optima (one epoch:
+    # 10th percentile 0.017, median 0.077; five epochs: median 0.32), so the paper's protocol
+    # keeps its noise; an owner who wants more protection sets more (docs/TRUST.md).
+    Setting("least-radius", float, 0.01,
+            "laplace neighbourhood: the least radius a release protects; the noise is "
+            "ν·max(‖δ‖, least-radius), never less", owner="device", group="device",
+            minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
+    # The choice among k hypotheses is made with private data; under Laplace it is protected
+    # only at the scale of the hypotheses' distances, and a fine grid of k hypotheses reads the
+    # argmin of the device's loss over it. gpfl's tasks use k <= 5.
+    Setting("max-hypotheses", int, 8,
+            "the most hypotheses (k) this device accepts in one instruction; a run asking for "
+            "more is declined before anything is computed", owner="device", group="device",
+            minimum=1, maximum=MAX_HYPOTHESES),
 )
 
 #: Every setting by name.

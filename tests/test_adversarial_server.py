@@ -211,18 +211,19 @@ def test_an_error_after_private_data_is_used_sends_only_the_fixed_text(
 ) -> None:
     server = CuriousServer(device(tmp_path))
 
-    def failing_train(*args: Any, **kwargs: Any) -> None:
-        raise ValueError("loss 3.2814 on 10 samples of user train-0")  # data-dependent text
+    def failing_read(*args: Any, **kwargs: Any) -> None:
+        raise ValueError("row 7: 'Jane Doe',3.2814 is not a number")  # data-dependent text
 
     from tasks.synthetic import SyntheticTask
 
-    monkeypatch.setattr(SyntheticTask, "train", failing_train)
+    monkeypatch.setattr(SyntheticTask, "client_dataset", failing_read)
     with pytest.raises(ServerSeesError) as caught:
         server.fit({}, HONEST)
 
     assert RELEASE_FAILED in str(caught.value)
-    assert "3.2814" not in str(caught.value) and "train-0" not in str(caught.value)
-    assert ledger(tmp_path).spent().releases == 0
+    assert "3.2814" not in str(caught.value) and "Jane" not in str(caught.value)
+    # Charged before the data was read: whether the read fails cannot show in the counters.
+    assert ledger(tmp_path).spent().releases == 1
 
 
 # -- 1. the choice of hypothesis under the Gaussian mechanism -------------------------------------
@@ -233,8 +234,12 @@ class _MemoryLedger:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.events: list[Any] = []
 
-    def charge(self, event: Any, *, cap: float | None, round: int | None = None) -> Any:
+    def charge(self, event: Any, *, cap: float | None, round: int | None = None,
+               federation: str | None = None) -> Any:
         self.events.append(event)
+        return self.spent()
+
+    def spent(self, *, federation: str | None = None) -> Any:
         from mechanisms import Spend
 
         return Spend(0.0, 0.0, 0.0, len(self.events), 0)
@@ -315,7 +320,7 @@ def test_the_distinguishing_test_catches_a_release_centred_on_an_unpaid_choice(
 ) -> None:
     # The same test against the client as it was: noise calibrated to the clip alone (spread 0)
     # while the release is centred on the privately chosen hypothesis. It must fail.
-    monkeypatch.setattr("client.numpy_client.hypotheses_diameter", lambda hypotheses: 0.0)
+    monkeypatch.setattr("client.release.hypotheses_diameter", lambda hypotheses: 0.0)
     a = releases(0, hypotheses, 10_000, monkeypatch, tmp_path)
     b = releases(1, hypotheses, 10_000, monkeypatch, tmp_path)
     axis = (hypotheses[1] - hypotheses[0]).astype(np.float64)

@@ -279,58 +279,95 @@ def test_fixed_calibration_costs_epsilon_times_public_radius_per_layer() -> None
     assert layered.event(reference, updated).cost == pytest.approx(4.5)
 
 
-def test_zero_update_is_released_unchanged_and_still_charged() -> None:
-    # Prepare: reference == updated, so ||delta|| = 0.
+def test_a_zero_update_without_a_least_radius_is_refused() -> None:
+    # Prepare: reference == updated, so ||delta|| = 0: the heuristic's noise would be 0.
     reference = model([[0.5, -1.0], [2.0, 3.0]], [7.0])
     updated = [a.copy() for a in reference]
     mechanism = EuclideanLaplace(noise_multiplier=5.0)
 
+    # Execute / Assert: the event is the same as for any update (charged first), but nothing
+    # is released without noise.
+    assert mechanism.event(reference, updated) == NeighbourhoodEvent((5,), 5.0)
+    with pytest.raises(ValueError, match="refusing a release without noise"):
+        mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
+
+
+def test_a_zero_update_gets_the_noise_of_the_least_radius() -> None:
+    # Prepare: ||delta|| = 0, least radius 0.5, nu = 4: E||noise|| = nu * 0.5 = 2 over n = 5.
+    reference = model([[0.5, -1.0], [2.0, 3.0]], [7.0], dtype=np.float64)
+    updated = [a.copy() for a in reference]
+    mechanism = EuclideanLaplace(noise_multiplier=4.0, least_radius=0.5)
+    rng = np.random.default_rng(0)
+    draws = 2000
+
     # Execute
-    event = mechanism.event(reference, updated)
-    released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
-    metrics = mechanism.public_metrics(reference, updated)
+    norms = np.array([
+        math.sqrt(sum(float(((o - u) ** 2).sum()) for o, u in zip(
+            mechanism.sanitize(reference, updated, rng=rng), updated, strict=True)))
+        for _ in range(draws)
+    ])
 
-    # Assert: the same event as for any other update of this model.
-    assert event == NeighbourhoodEvent((5,), 5.0)
-    assert event.cost == 1.0
-    for out, upd in zip(released, updated, strict=True):
-        np.testing.assert_array_equal(out, upd)
-        assert out.dtype == upd.dtype
-        assert not np.shares_memory(out, upd)
-    assert metrics["sigma"] == 0.0
+    # Assert: the noise norm is Gamma(5, 2/5): KS test at alpha = 1e-3 over 2000 draws.
+    assert stats.kstest(norms, stats.gamma(5, scale=2.0 / 5).cdf).pvalue > 1e-3
+    assert mechanism.event(reference, updated).cost == pytest.approx(5 / 4.0)
 
 
-def test_zero_layer_in_per_layer_mode_is_unchanged_and_others_are_noisy() -> None:
+def test_the_least_radius_binds_only_below_it() -> None:
+    # Prepare: ||delta|| = 3 > least radius 0.01: the noise is nu * ||delta||, as the paper's.
+    reference = model([0.0, 0.0], dtype=np.float64)
+    updated = model([3.0, 0.0], dtype=np.float64)
+    with_floor = EuclideanLaplace(noise_multiplier=2.0, least_radius=0.01)
+    without = EuclideanLaplace(noise_multiplier=2.0)
+
+    # Execute / Assert: the same draws give the same release.
+    a = with_floor.sanitize(reference, updated, rng=np.random.default_rng(3))
+    b = without.sanitize(reference, updated, rng=np.random.default_rng(3))
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+def test_a_zero_layer_in_per_layer_mode_gets_the_least_radius_noise() -> None:
     # Prepare: the first layer did not move; the second did.
     reference = model([1.0, 2.0], [0.0, 0.0, 0.0])
     updated = model([1.0, 2.0], [0.1, 0.0, 0.0])
-    mechanism = EuclideanLaplace(noise_multiplier=2.0, per_layer=True)
+    mechanism = EuclideanLaplace(noise_multiplier=2.0, per_layer=True, least_radius=0.01)
 
     # Execute
     event = mechanism.event(reference, updated)
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(1))
 
-    # Assert
-    np.testing.assert_array_equal(released[0], updated[0])
+    # Assert: both layers are noisy; the cost is the same as before.
+    assert not np.array_equal(released[0], updated[0])
     assert not np.array_equal(released[1], updated[1])
     assert event.cost == pytest.approx(5 / 2.0)
 
 
 @pytest.mark.parametrize("nu", [1.0, 0.5])
-def test_subnormal_update_norm_is_treated_as_zero(nu: float) -> None:
+def test_a_subnormal_update_norm_is_refused_without_a_floor_and_floored_with_one(
+    nu: float,
+) -> None:
     # Prepare: ||delta|| = 5e-324 makes n/(nu ||delta||) overflow to inf (nu = 1) or
     # nu ||delta|| underflow to 0 (nu = 0.5).
     reference = model([0.0, 0.0], dtype=np.float64)
     updated = model([5e-324, 0.0], dtype=np.float64)
-    mechanism = EuclideanLaplace(noise_multiplier=nu)
 
-    # Execute
-    event = mechanism.event(reference, updated)
-    released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(2))
+    # Execute / Assert
+    with pytest.raises(ValueError, match="refusing a release without noise"):
+        EuclideanLaplace(noise_multiplier=nu).sanitize(
+            reference, updated, rng=np.random.default_rng(2))
+    floored = EuclideanLaplace(noise_multiplier=nu, least_radius=0.1).sanitize(
+        reference, updated, rng=np.random.default_rng(2))
+    assert float(np.abs(floored[0]).max()) > 1e-6
 
-    # Assert
-    assert event == NeighbourhoodEvent((2,), nu)
-    np.testing.assert_array_equal(released[0], updated[0])
+
+def test_an_overflowing_noise_scale_is_refused_not_released_raw() -> None:
+    # Prepare: nu * ||delta|| overflows float64 (the attack: an enormous noise multiplier).
+    reference = model([0.0, 0.0], dtype=np.float64)
+    updated = model([10.0, 0.0], dtype=np.float64)
+    mechanism = EuclideanLaplace(noise_multiplier=1e308, least_radius=0.01)
+
+    # Execute / Assert
+    with pytest.raises(ValueError, match="refusing a release without noise"):
+        mechanism.sanitize(reference, updated, rng=np.random.default_rng(2))
 
 
 def test_release_is_float64_noise_added_then_cast_to_each_dtype() -> None:

@@ -1,0 +1,281 @@
+"""What a device decides from public values alone, before it touches its private data.
+
+Everything here reads only what the server sent (the run config as the device applies it, the
+instruction and its hypotheses) and the device's own settings, so a refusal here is a
+:class:`~client.policy.PolicyDecline` (a reply naming the setting and the value; nothing read,
+computed or charged) or an :class:`InstructionError`. The plan's event is computed from the
+hypotheses' shapes, so the ledger is charged (or the round declined) before any private data is
+read: neither a decline nor its timing can depend on the data.
+
+Each number the device derives from the request is checked here against the range where the
+arithmetic of the release holds: the noise scale of every possible release must be positive,
+finite and representable in the model's dtype, whatever the local model turns out to be (a
+trained model beyond the device's ``max-parameter`` is never released, see
+:func:`usable_model`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from client.policy import PolicyDecline
+from client.settings import PrivacySettings
+from mechanisms import (
+    EuclideanLaplace,
+    GaussianMechanism,
+    Mechanism,
+    NoMechanism,
+    PrivacyEvent,
+    StochasticSign,
+    hypotheses_diameter,
+    l2_sensitivity,
+)
+
+__all__ = [
+    "InstructionError",
+    "ReleasePlan",
+    "build_mechanism",
+    "check_instruction",
+    "check_shapes",
+    "choose_hypothesis",
+    "plan_release",
+    "usable_model",
+]
+
+Arrays = list[np.ndarray]
+
+#: No noise scale may exceed this: the release must stay finite in float32 (3.4e38) with room
+#: for the noise's tail.
+MAX_NOISE_SCALE = 1e30
+
+
+class InstructionError(ValueError):
+    """The server's instruction is malformed (public data only); nothing was computed."""
+
+
+def build_mechanism(privacy: PrivacySettings) -> Mechanism[Any]:
+    """Make the mechanism the client's applied privacy settings name."""
+    if privacy.mechanism == "laplace":
+        if privacy.calibration == "neighbourhood":
+            return EuclideanLaplace(
+                calibration="neighbourhood",
+                noise_multiplier=privacy.noise_multiplier,
+                per_layer=privacy.per_layer,
+                least_radius=privacy.least_radius,
+            )
+        return EuclideanLaplace(
+            calibration="fixed",
+            epsilon=privacy.d_epsilon,
+            public_radius=privacy.public_radius,
+            per_layer=privacy.per_layer,
+        )
+    if privacy.mechanism in ("gaussian", "sign"):
+        cls = GaussianMechanism if privacy.mechanism == "gaussian" else StochasticSign
+        return cls(
+            clip=privacy.clip,
+            clip_mode=privacy.clip_mode,
+            epsilon=privacy.epsilon,
+            delta=privacy.delta,
+            planned_releases=privacy.planned_releases,
+        )
+    return NoMechanism()
+
+
+def check_instruction(
+    parameters: Arrays, config: Mapping[str, Any], *, max_abs: float, max_hypotheses: int
+) -> list[Arrays]:
+    """Check the instruction's structure and values; split it into k hypotheses.
+
+    The task is not consulted (building it may read the device's data): the k hypotheses must
+    have the same layer shapes and dtypes as one another; their shapes are checked against the
+    task's once the round is charged.
+
+    Raises
+    ------
+    PolicyDecline
+        k beyond the device's ``max-hypotheses``.
+    InstructionError
+        A count that does not split into ``num-hypotheses`` hypotheses of the same shapes, a
+        non-float or non-finite value, or one beyond ``max_abs`` (public values only).
+    """
+    k = config.get("num-hypotheses", 1)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise InstructionError(f"num-hypotheses must be an integer >= 1, got {k!r}")
+    if k > max_hypotheses:
+        raise PolicyDecline(
+            f"declined by policy: num-hypotheses={k} is more than this device's "
+            f"max-hypotheses={max_hypotheses}"
+        )
+    if not parameters or len(parameters) % k:
+        raise InstructionError(
+            f"expected num-hypotheses={k} hypotheses of equal layers, got {len(parameters)} arrays"
+        )
+    layers = len(parameters) // k
+    first = parameters[:layers]
+    hypotheses = []
+    for j in range(k):
+        arrays = parameters[j * layers:(j + 1) * layers]
+        for i, (array, like) in enumerate(zip(arrays, first, strict=True)):
+            if not isinstance(array, np.ndarray) or not isinstance(like, np.ndarray):
+                raise InstructionError(f"hypothesis {j}, layer {i}: not an array")
+            if array.shape != like.shape or array.dtype != like.dtype:
+                raise InstructionError(
+                    f"hypothesis {j}, layer {i}: {array.shape} {array.dtype}, hypothesis 0 has "
+                    f"{like.shape} {like.dtype}"
+                )
+            if array.dtype not in (np.float32, np.float64):
+                raise InstructionError(f"hypothesis {j}, layer {i}: expected floating-point "
+                                       f"values (float32 or float64), got {array.dtype}")
+            if not np.isfinite(array).all():
+                raise InstructionError(f"hypothesis {j}, layer {i}: non-finite values")
+            largest = float(np.abs(array).max()) if array.size else 0.0
+            if largest > max_abs:
+                raise InstructionError(
+                    f"hypothesis {j}, layer {i}: a value of magnitude {largest:.3g} is beyond "
+                    f"this device's max-parameter={max_abs:g}"
+                )
+        hypotheses.append(list(arrays))
+    if sum(a.size for a in first) == 0:
+        raise InstructionError("the hypotheses have no parameters")
+    return hypotheses
+
+
+def check_shapes(hypotheses: list[Arrays], task: Any) -> None:
+    """Refuse hypotheses whose layer shapes are not the task's (:class:`InstructionError`)."""
+    shapes = [tuple(a.shape) for a in hypotheses[0]]
+    expected = [tuple(shape) for shape in task.parameter_shapes]
+    if shapes != expected:
+        raise InstructionError(
+            f"the hypotheses' layer shapes {shapes} are not the task's {expected}")
+
+
+@dataclass(frozen=True)
+class ReleasePlan:
+    """A round's release, decided from public values: what is charged and how it is made.
+
+    Attributes
+    ----------
+    mechanism : Mechanism
+        The mechanism the device applies.
+    event : PrivacyEvent
+        What the release costs (from the hypotheses' shapes); charged before data is read.
+    spread : float
+        The hypotheses' diameter (public).
+    metrics : dict
+        The public metrics of the release (never a function of the private data).
+    """
+
+    mechanism: Mechanism[Any]
+    event: PrivacyEvent
+    spread: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def plan_release(
+    privacy: PrivacySettings, hypotheses: list[Arrays], *, max_abs: float
+) -> ReleasePlan:
+    """Decide the release from public values, or decline before anything private is touched.
+
+    Raises
+    ------
+    PolicyDecline
+        A noise scale that would be zero, non-finite or beyond float32 for some release the
+        device could make (the message names the settings and values).
+    """
+    reference = hypotheses[0]
+    n = sum(a.size for a in reference)
+    try:
+        mechanism = build_mechanism(privacy)
+        spread = hypotheses_diameter(hypotheses)
+    except (ValueError, TypeError, ArithmeticError) as err:
+        raise PolicyDecline(f"the request cannot be calibrated: {err}") from None
+    check = _Checker(privacy)
+    if privacy.mechanism == "laplace" and privacy.calibration == "neighbourhood":
+        nu, least = privacy.noise_multiplier, privacy.least_radius
+        # A release is trained from a hypothesis and kept within max-parameter: its ‖δ‖ is at
+        # most 2·max_abs·√n, so ν·r is at most ν·that; the least is ν·least-radius.
+        check.noise("noise-multiplier", nu * 2.0 * max_abs * math.sqrt(n), at_most=True)
+        check.finite("least-radius", n / (nu * least))
+        metrics: dict[str, float] = {"budget-epsilon": 0.0, "budget-delta": 0.0}
+    elif privacy.mechanism == "laplace":
+        per_coordinate = math.sqrt(n + 1) / privacy.d_epsilon
+        check.noise("d-epsilon", per_coordinate * math.sqrt(n), at_most=True)
+        metrics = {k: float(v) for k, v in mechanism.public_metrics(reference, reference).items()}
+    elif privacy.mechanism in ("gaussian", "sign"):
+        z = float(getattr(mechanism, "noise_multiplier", 0.0))
+        check.finite("epsilon", z)
+        sensitivity = l2_sensitivity(privacy.clip_mode, privacy.clip, n)
+        sigma = z * (sensitivity + (spread if privacy.mechanism == "gaussian" else 0.0))
+        check.noise("epsilon", sigma * math.sqrt(n), at_most=True)
+        check.finite("clip", 1.0 / sigma)
+        metrics = {k: float(v) for k, v in
+                   mechanism.public_metrics(reference, reference, spread=spread).items()}
+    else:
+        metrics = {"sigma": 0.0, "budget-epsilon": 0.0, "budget-delta": 0.0}
+    event = mechanism.event(reference, reference)
+    return ReleasePlan(mechanism=mechanism, event=event, spread=spread, metrics=metrics)
+
+
+class _Checker:
+    """Turns an out-of-range derived number into a decline naming the setting behind it."""
+
+    def __init__(self, privacy: PrivacySettings) -> None:
+        self.values = {
+            "noise-multiplier": privacy.noise_multiplier, "least-radius": privacy.least_radius,
+            "d-epsilon": privacy.d_epsilon, "epsilon": privacy.epsilon, "clip": privacy.clip,
+        }
+
+    def _decline(self, name: str, what: str) -> PolicyDecline:
+        return PolicyDecline(
+            f"declined: with {name}={self.values[name]!r} {what}; nothing was computed"
+        )
+
+    def finite(self, name: str, value: float) -> None:
+        if not (value > 0.0 and math.isfinite(value)):
+            raise self._decline(name, f"a derived scale is {value!r}, not positive and finite")
+
+    def noise(self, name: str, value: float, *, at_most: bool = False) -> None:
+        self.finite(name, value)
+        if at_most and value > MAX_NOISE_SCALE:
+            raise self._decline(
+                name, f"the noise could reach {value:.3g}, beyond what float32 can carry")
+
+
+def choose_hypothesis(loss: Callable[[Arrays], float], hypotheses: list[Arrays]) -> int:
+    """Return the index of the hypothesis of lowest loss; a non-finite loss never wins.
+
+    If every loss is non-finite, hypothesis 0: the choice must not turn into an error (an error
+    after private data was read would be a signal of its own).
+    """
+    losses = []
+    for h in hypotheses:
+        value = float(loss(h))
+        losses.append(value if math.isfinite(value) else math.inf)
+    return int(np.argmin(losses)) if any(math.isfinite(v) for v in losses) else 0
+
+
+def usable_model(trained: Any, reference: Arrays, *, max_abs: float) -> tuple[Arrays, bool]:
+    """Return the trained model if it is a finite model within ``max_abs``, else the reference.
+
+    A diverged or absurd local model (a learning rate the data did not tolerate) is replaced
+    by the hypothesis it started from, δ = 0, so that divergence is not a signal of its own:
+    the release is still made and charged at the scale the plan paid for. Returns the model
+    and whether it is the trained one.
+    """
+    try:
+        model = [np.asarray(a) for a in trained]
+    except TypeError:
+        return [r.copy() for r in reference], False
+    ok = len(model) == len(reference) and all(
+        m.shape == r.shape and np.issubdtype(m.dtype, np.floating)
+        and bool(np.isfinite(m).all()) and (m.size == 0 or float(np.abs(m).max()) <= max_abs)
+        for m, r in zip(model, reference, strict=False)
+    )
+    if not ok:
+        return [r.copy() for r in reference], False
+    return [m.astype(r.dtype, copy=False) for m, r in zip(model, reference, strict=True)], True

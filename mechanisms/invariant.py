@@ -1,0 +1,250 @@
+"""The release invariant: the last check before a vector leaves a device.
+
+Everything before it (settings bounds, the instruction's checks, the mechanisms'
+own validation) may one day have a bug; this check is written to hold even then.
+Given the event the ledger charged and the arrays about to be sent, it verifies,
+independently of the mechanism's own code path, that
+
+1. the charge is real: an event this accountant knows, with a cost (d-privacy) or
+   noise multiplier (RDP) that is positive and finite, and it is the event of this
+   very release (recomputed from the release's shapes and the mechanism's
+   parameters);
+2. the release is well formed: the layers' count, shapes and dtypes of the model,
+   every value finite;
+3. the noise is there, at the scale the charge paid for: the noise actually added
+   (release minus the noiseless output, in float64) is not smaller than the
+   charged scale allows, up to a lower-tail bound of its law that an honest
+   release falls below with probability at most :data:`REFUSAL_PROBABILITY`.
+
+The scale is derived from the event and public numbers alone (ν and the radius
+max(‖δ‖, least radius) for the neighbourhood calibration, n/ε for the fixed one,
+z·(Δ + D) for the Gaussian), never read back from the mechanism. For the
+stochastic sign the noise cannot be seen in a ±1 vector: the check is that every
+value is ±1 and that the mechanism's σ is at least z·Δ.
+
+A failed check raises :class:`ReleaseRefused`; the caller sends nothing (the
+release was already charged: a refusal must not be a free signal).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from mechanisms._numeric import sum_of_squares
+from mechanisms.base import Mechanism
+from mechanisms.clipping import clip_elementwise, clip_l2, l2_sensitivity
+from mechanisms.events import (
+    GaussianReleaseEvent,
+    MetricPrivacyEvent,
+    NeighbourhoodEvent,
+    NonPrivateEvent,
+    PrivacyEvent,
+    SignReleaseEvent,
+)
+
+__all__ = ["REFUSAL_PROBABILITY", "ReleaseRefused", "lower_tail_factor", "verify_release"]
+
+#: The largest probability that an honest release is refused by the noise check.
+REFUSAL_PROBABILITY = 1e-9
+
+
+class ReleaseRefused(RuntimeError):
+    """The release does not carry the noise its charge paid for; it must not be sent.
+
+    The message names which check failed and public numbers only.
+    """
+
+
+def lower_tail_factor(shape: float, probability: float = REFUSAL_PROBABILITY) -> float:
+    """Return x in (0, 1) with P(Gamma(shape, 1) < x·shape) <= ``probability``.
+
+    By the Chernoff bound P(G < x·k) <= (x·e^{1−x})^k for G ~ Gamma(k, 1) and
+    x < 1, so the x solving k·(ln x + 1 − x) = ln p is such a factor. It serves
+    both laws the mechanisms draw: the Euclidean Laplace radius is
+    Gamma(n, scale), and ‖N(0, σ²I_n)‖²/(2σ²) is Gamma(n/2, 1).
+
+    Parameters
+    ----------
+    shape : float
+        The Gamma shape k > 0.
+    probability : float
+        The tail probability p in (0, 1).
+    """
+    if not (shape > 0.0 and math.isfinite(shape)) or not 0.0 < probability < 1.0:
+        raise ValueError(f"need shape > 0 and 0 < probability < 1, got {shape!r}, {probability!r}")
+    target = math.log(probability) / shape
+    low, high = 0.0, 1.0  # ln x + 1 − x rises from −inf (x → 0) to 0 (x = 1)
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if mid <= 0.0 or math.log(mid) + 1.0 - mid < target:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def verify_release(
+    mechanism: Mechanism[PrivacyEvent],
+    event: PrivacyEvent,
+    *,
+    reference: Sequence[np.ndarray],
+    updated: Sequence[np.ndarray],
+    released: Sequence[np.ndarray],
+    spread: float,
+    allow_unsanitized: bool = False,
+) -> None:
+    """Refuse a release that does not carry the noise ``event`` was charged for.
+
+    Parameters
+    ----------
+    mechanism : Mechanism
+        The mechanism that made the release (its public parameters only are read).
+    event : PrivacyEvent
+        The event the ledger charged for this release.
+    reference, updated : sequence of numpy.ndarray
+        The hypothesis the release is centred on and the model that was sanitized.
+    released : sequence of numpy.ndarray
+        What is about to leave the device.
+    spread : float
+        The hypotheses' diameter the mechanism was given.
+    allow_unsanitized : bool
+        The device explicitly allows the non-private baseline (``NonPrivateEvent``).
+
+    Raises
+    ------
+    ReleaseRefused
+        If any check fails (see the module notes).
+    """
+    ref = [np.asarray(a, dtype=np.float64) for a in reference]
+    upd = [np.asarray(a) for a in updated]
+    out = [np.asarray(a) for a in released]
+    _check_charge(event, allow_unsanitized)
+    try:
+        expected = mechanism.event(reference, updated)
+    except (TypeError, ValueError) as err:
+        raise ReleaseRefused(f"the release's event cannot be recomputed: {err}") from None
+    if expected != event:
+        raise ReleaseRefused(f"the charged event {event!r} is not this release's {expected!r}")
+    _check_shape(upd, out)
+    if isinstance(event, NonPrivateEvent):
+        return
+    if isinstance(event, NeighbourhoodEvent):
+        least = getattr(mechanism, "least_radius", None) or 0.0
+        blocks = _blocks(upd, len(event.dimensions))
+        for layers in blocks:
+            delta = math.sqrt(math.fsum(
+                sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64)) for i in layers))
+            _check_radial_noise(upd, out, layers, event.noise_multiplier * max(delta, least))
+    elif isinstance(event, MetricPrivacyEvent):
+        blocks = _blocks(upd, len(event.layers))
+        for layers, (epsilon, _) in zip(blocks, event.layers, strict=True):
+            n = sum(upd[i].size for i in layers)
+            _check_radial_noise(upd, out, layers, n / epsilon)
+    elif isinstance(event, SignReleaseEvent):
+        _check_sign(mechanism, event, upd, out)
+    elif isinstance(event, GaussianReleaseEvent):
+        _check_gaussian(mechanism, event, ref, upd, out, spread)
+    else:  # pragma: no cover - _check_charge refuses every other type
+        raise ReleaseRefused(f"no noise check for {type(event).__name__}")
+
+
+# -- the checks -------------------------------------------------------------------------------
+
+
+def _check_charge(event: PrivacyEvent, allow_unsanitized: bool) -> None:
+    if isinstance(event, NonPrivateEvent):
+        if not allow_unsanitized:
+            raise ReleaseRefused("a release without noise is not allowed on this device")
+        return
+    if type(event) in (NeighbourhoodEvent, MetricPrivacyEvent):
+        cost = event.cost  # type: ignore[attr-defined]
+        if not (cost > 0.0 and math.isfinite(cost)):
+            raise ReleaseRefused(f"the charged cost is not positive and finite: {cost!r}")
+        return
+    if type(event) in (GaussianReleaseEvent, SignReleaseEvent):
+        z = event.noise_multiplier  # type: ignore[attr-defined]
+        if not (z > 0.0 and math.isfinite(z)):
+            raise ReleaseRefused(f"the charged noise multiplier is not positive and finite: {z!r}")
+        return
+    raise ReleaseRefused(f"{type(event).__name__} is not an event this device can charge")
+
+
+def _check_shape(upd: list[np.ndarray], out: list[np.ndarray]) -> None:
+    if len(out) != len(upd):
+        raise ReleaseRefused(f"the release has {len(out)} layers, the model {len(upd)}")
+    for i, (u, o) in enumerate(zip(upd, out, strict=True)):
+        if o.shape != u.shape or o.dtype != u.dtype:
+            raise ReleaseRefused(
+                f"layer {i}: released {o.shape} {o.dtype}, the model is {u.shape} {u.dtype}")
+        if not np.isfinite(o).all():
+            raise ReleaseRefused(f"layer {i}: the release holds non-finite values")
+
+
+def _blocks(upd: list[np.ndarray], count: int) -> list[tuple[int, ...]]:
+    """Return the layers of each noise block: all together, or each non-empty layer."""
+    if count == 1:
+        return [tuple(range(len(upd)))]
+    layers: list[tuple[int, ...]] = [(i,) for i in range(len(upd)) if upd[i].size > 0]
+    if len(layers) != count:
+        raise ReleaseRefused(f"the event has {count} blocks, the model {len(layers)} layers")
+    return layers
+
+
+def _check_radial_noise(
+    upd: list[np.ndarray], out: list[np.ndarray], layers: tuple[int, ...], mean_norm: float
+) -> None:
+    """Euclidean Laplace: the noise norm is Gamma(n, mean/n); refuse one below its 1e-9 tail."""
+    n = sum(upd[i].size for i in layers)
+    if not (mean_norm > 0.0 and math.isfinite(mean_norm)):
+        raise ReleaseRefused(f"the charged noise scale is not positive and finite: {mean_norm!r}")
+    realized = math.sqrt(math.fsum(
+        sum_of_squares(np.subtract(out[i], upd[i], dtype=np.float64)) for i in layers))
+    if realized < lower_tail_factor(n) * mean_norm:
+        raise ReleaseRefused(
+            f"a block of {n} parameters carries noise of norm {realized:.3g}, below what its "
+            "charge pays for")
+
+
+def _check_gaussian(
+    mechanism: Mechanism[PrivacyEvent], event: GaussianReleaseEvent, ref: list[np.ndarray],
+    upd: list[np.ndarray], out: list[np.ndarray], spread: float,
+) -> None:
+    """Gaussian: ‖noise‖² is σ²·χ²_n; σ must be at least z·(Δ + D)."""
+    clip, mode = getattr(mechanism, "clip", None), getattr(mechanism, "clip_mode", None)
+    if not isinstance(clip, float) or mode not in ("l2", "elementwise"):
+        raise ReleaseRefused("a Gaussian release from a mechanism without a clipping bound")
+    n = sum(u.size for u in upd)
+    sigma = event.noise_multiplier * (l2_sensitivity(mode, clip, n) + spread)
+    delta = [np.subtract(u, r, dtype=np.float64) for r, u in zip(ref, upd, strict=True)]
+    clipped = clip_l2(delta, clip) if mode == "l2" else clip_elementwise(delta, clip)
+    energy = math.fsum(
+        sum_of_squares(np.asarray(o, dtype=np.float64) - r - d)
+        for o, r, d in zip(out, ref, clipped, strict=True))
+    if not (sigma > 0.0 and math.isfinite(sigma)):
+        raise ReleaseRefused(f"the charged noise scale is not positive and finite: {sigma!r}")
+    # ‖ρ‖²/(2σ²) ~ Gamma(n/2, 1): refuse below its 1e-9 lower tail.
+    if energy < lower_tail_factor(n / 2) * n * sigma * sigma:
+        raise ReleaseRefused(
+            f"the release carries noise of norm {math.sqrt(energy):.3g} over {n} coordinates, "
+            "below what its charge pays for")
+
+
+def _check_sign(
+    mechanism: Mechanism[PrivacyEvent], event: SignReleaseEvent, upd: list[np.ndarray],
+    out: list[np.ndarray],
+) -> None:
+    """Stochastic sign: only ±1, drawn with σ at least z·Δ (the noise itself is not visible)."""
+    clip, mode = getattr(mechanism, "clip", None), getattr(mechanism, "clip_mode", None)
+    sigma_of = getattr(mechanism, "sigma", None)
+    if not isinstance(clip, float) or mode not in ("l2", "elementwise") or sigma_of is None:
+        raise ReleaseRefused("a sign release from a mechanism without a clipping bound")
+    for i, o in enumerate(out):
+        if not np.isin(o, (-1.0, 1.0)).all():
+            raise ReleaseRefused(f"layer {i}: a sign release holds values other than +1 and -1")
+    n = sum(u.size for u in upd)
+    needed = event.noise_multiplier * l2_sensitivity(mode, clip, n)
+    if not sigma_of(n, 0.0) >= needed:
+        raise ReleaseRefused("the sign mechanism's sigma is below what its charge pays for")
