@@ -192,7 +192,9 @@ def plan_release(
     try:
         mechanism = build_mechanism(privacy)
         spread = hypotheses_diameter(hypotheses)
-    except (ValueError, TypeError, ArithmeticError) as err:
+    except Exception as err:  # public values only: any failure is a decline
+        # E.g. dp-accounting finds no noise multiplier for epsilon = 5e-324 (its own
+        # NoBracketIntervalFoundError); the text holds only the request's values.
         raise PolicyDecline(f"the request cannot be calibrated: {err}") from None
     check = _Checker(privacy)
     if privacy.mechanism == "laplace" and privacy.calibration == "neighbourhood":

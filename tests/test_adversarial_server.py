@@ -65,10 +65,15 @@ class CuriousServer:
         return app(Message(content=content, metadata=metadata), context)
 
     def fit(self, run_config: dict[str, Any], hypotheses: list[np.ndarray],
-            server_round: int = 1) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """Return the release and the metrics; raise ``ServerSeesError`` with Flower's text."""
+            server_round: int = 1, config: dict[str, Any] | None = None,
+            ) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Return the release and the metrics; raise ``ServerSeesError`` with Flower's text.
+
+        Each array is one hypothesis (one-layer models) unless ``config`` says otherwise.
+        """
         ins = FitIns(ndarrays_to_parameters(hypotheses),
-                     {"num-hypotheses": len(hypotheses), "server-round": server_round})
+                     {"num-hypotheses": len(hypotheses), "server-round": server_round,
+                      **(config or {})})
         try:
             reply = self._send(fitins_to_recorddict(ins, keep_input=True), MessageType.TRAIN,
                                run_config)

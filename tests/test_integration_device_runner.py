@@ -10,6 +10,7 @@ The runner's own process handling (signals, a dead runner) is checked on a runne
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import signal
@@ -45,9 +46,14 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
     fed = Federation(workdir=work)
     try:
         fed.start_superlink()
+        # Device 1 keeps a CMS charges file with a malformed row (a patient's name where a
+        # payment belongs); the synthetic runs never read it.
+        bad_file = work / "charges.csv"
+        write_malformed_cms_csv(bad_file)
         for i in range(2):
             fed.start_supernode(i, {"partition-id": i, "num-partitions": 2,
-                                    "ledger-dir": str(work / "ledgers")})
+                                    "ledger-dir": str(work / "ledgers"),
+                                    **({"data-path": str(bad_file)} if i == 1 else {})})
         yield fed
     finally:
         left = fed.close()
@@ -55,6 +61,19 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
         stray = [p.pid for p in psutil.Process().children(recursive=True)
                  if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
         assert not stray and flower_processes() == []
+
+
+PATIENT = "Jane Q. Doe 1961-04-02"
+
+
+def write_malformed_cms_csv(path: Path) -> None:
+    from tests.test_tasks_hospital import HEADER, PNEUMONIA_CC
+
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(HEADER)
+        writer.writerow([PNEUMONIA_CC, "10001", "H", "1 MAIN ST", "CITY", "ST", "36301", "X",
+                         "20", "$35000.00", PATIENT, "$5000.00"])
 
 
 def run_app(fed: Federation, app: Path, name: str, **config: Any) -> tuple[dict[str, Any], float]:
@@ -276,3 +295,67 @@ def test_the_runner_exits_with_its_supernode(tmp_path: Path,
     assert f"the SuperNode exited with code {done.returncode}; stopping the executor" in (
         done.stderr + done.stdout)
     assert "warm executor" in done.stderr + done.stdout
+
+
+# --- a curious server at the edges of arithmetic, over real processes ------------------------
+def test_an_overflowing_noise_multiplier_is_declined_by_every_device(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: a server whose own settings accept any finite noise multiplier, asking for one
+    # that overflows nu * ||delta|| (the devices released their raw models against it).
+    app = copy_app(tmp_path / "app")
+    declarations = app / "settings" / "declarations.py"
+    text = declarations.read_text()
+    assert "MAX_PRIVACY_PARAMETER = 1e6\n" in text
+    declarations.write_text(text.replace("MAX_PRIVACY_PARAMETER = 1e6\n",
+                                         "MAX_PRIVACY_PARAMETER = 1.7976931348623157e308\n"))
+    before = spent(federation)
+
+    # Execute
+    summary, _ = run_app(federation, app, "huge-nu",
+                         **{"noise-multiplier": 1e308, "learning-rate": 10.0})
+
+    # Assert: every device declined every round; nothing was released or charged.
+    for entry in summary["history"][1:]:
+        assert entry["declined"] == 2 and entry["replies"] == 0 and entry["failures"] == 0
+    assert spent(federation) == before
+    assert "noise-multiplier" in device_logs(federation)
+
+
+def test_a_vanishing_learning_rate_still_releases_noisy_models(federation: Federation) -> None:
+    # Execute: a step of 1e-30 leaves the update at 0 (the release was the hypothesis itself).
+    summary, _ = run_app(federation, project_root(), "tiny-step",
+                         **{"learning-rate": 1e-30, "num-rounds": 1})
+
+    # Assert: each release is away from every hypothesis sent (noise of nu * least-radius =
+    # 0.05 in norm; a release within 1e-4 of one has probability < 2e-5).
+    sent = np.asarray(summary["initial_hypotheses"], dtype=float)
+    released = summary["history"][1]["released"]
+    assert len(released) == 2
+    for release in released:
+        assert np.min(np.abs(sent - np.asarray(release)).max(axis=1)) > 1e-4
+
+
+def test_a_malformed_data_file_never_reaches_the_server(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: the server validates on a good CMS file; device 1's own file is malformed.
+    from tests.test_tasks_hospital import write_cms_csv
+
+    server_file = write_cms_csv(tmp_path / "server.csv")
+    before = spent(federation)
+
+    # Execute
+    summary, _ = run_app(federation, project_root(), "bad-file", task="hospital",
+                         **{"server-data-path": str(server_file), "num-rounds": 1})
+
+    # Assert: the server saw two failures, and nowhere the row's content: not in the summary,
+    # not in what `flwr run` streamed, not in the SuperLink's log.
+    assert summary["history"][1]["failures"] == 2
+    seen = "".join([json.dumps(summary), (federation.logs / "bad-file.log").read_text(),
+                    (federation.logs / "superlink.log").read_text(errors="replace")])
+    assert "Jane" not in seen and "1961" not in seen
+    # Device 1 was charged before it read its file; device 0 (no file) refused before that.
+    after = spent(federation)
+    assert after["client-1"][0] == before["client-1"][0] + 1
+    assert after["client-0"] == before["client-0"]

@@ -67,7 +67,12 @@ def _row(drg: str, provider: str, zip_code: str, payment: float) -> list[str]:
 
 @pytest.fixture(scope="module")
 def cms_csv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("cms") / "Inpatient_Prospective_Payment_System.csv"
+    folder = tmp_path_factory.mktemp("cms")
+    return write_cms_csv(folder / "Inpatient_Prospective_Payment_System.csv")
+
+
+def write_cms_csv(path: Path) -> Path:
+    """Write the small CMS-format file the hospital tests read; return its path."""
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(HEADER)

@@ -1,0 +1,200 @@
+"""A curious server at the edges: arithmetic, radii it controls, error texts, uncharged signals.
+
+Each test plays one attack of a server that writes the run config and the hypotheses, against
+the real ClientApp (``client.app.app``) driven with Flower messages, on a device whose own
+settings bound what it does. Every one of them succeeded against the client as it was before
+the device bounded every number it derives, kept a least protected radius, charged before
+reading its data and built its task inside the failure guard.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mechanisms import NeighbourhoodEvent, PrivacyLedger
+from tests.test_adversarial_server import (
+    HONEST,
+    CuriousServer,
+    ServerSeesError,
+    device,
+    ledger,
+)
+
+N_OVER_NU = 2 / 5  # one synthetic release at nu = 5: n/nu with n = 2
+
+
+def hypotheses_near(count: int, spacing: float) -> list[np.ndarray]:
+    """A grid of ``count`` hypotheses ``spacing`` apart around the first optimum."""
+    return [np.array([5.0 + spacing * i, 6.0], np.float32) for i in range(count)]
+
+
+# -- 1. arithmetic at the edges -------------------------------------------------------------------
+@pytest.mark.parametrize("nu", [1e308, 1e162, 1.7976931348623157e308])
+def test_an_enormous_noise_multiplier_is_declined_and_nothing_leaves(
+    tmp_path: Path, nu: float
+) -> None:
+    # Prepare: a device that asks for nu >= 5 and a cap of 1; the server asks for a nu so large
+    # that nu * ||delta|| overflows, with a step that makes the update large.
+    server = CuriousServer(device(tmp_path, **{"noise-multiplier": 5.0, "cap-d-privacy": 1.0}))
+
+    # Execute
+    released, metrics = server.fit({"noise-multiplier": nu, "learning-rate": 10.0}, HONEST)
+
+    # Assert: declined before anything was computed, naming the setting; nothing charged.
+    assert released == [] and metrics["declined"] == 1 and metrics["declined-by"] == "policy"
+    assert "noise-multiplier" in metrics["decline-reason"]
+    assert not ledger(tmp_path).path.exists()
+
+
+def test_whether_a_round_is_charged_does_not_depend_on_the_data(tmp_path: Path) -> None:
+    # Prepare: two devices with different data; the server probes noise multipliers and steps
+    # across the whole range it may send (the old client raised before charging for some of
+    # them, depending on ||delta||, and the next reply's counter told the server which).
+    probes = [(nu, lr) for nu in (5.0, 1e3, 1e6, 1e162) for lr in (1e-30, 0.1, 1e3)]
+    outcomes = []
+    for partition in (0, 1):
+        node = device(tmp_path / f"p{partition}", **{"partition-id": partition})
+        server = CuriousServer(node)
+        seen = []
+        for i, (nu, lr) in enumerate(probes):
+            released, metrics = server.fit({"noise-multiplier": nu, "learning-rate": lr},
+                                           HONEST, server_round=i + 1)
+            seen.append((metrics["declined"], metrics.get("releases"), bool(released)))
+        outcomes.append(seen)
+
+    # Assert: the same outcome and the same counters, probe by probe, whatever the data.
+    assert outcomes[0] == outcomes[1]
+    assert [s[0] for s in outcomes[0]] == [0] * 9 + [1] * 3  # 1e162 is beyond any bound
+
+
+# -- 2. a radius the server controls ---------------------------------------------------------------
+def test_a_vanishing_learning_rate_still_gets_noise_at_the_least_radius(tmp_path: Path) -> None:
+    # Prepare: with a step of 1e-30 the update is 0 and the heuristic's noise nu * ||delta||
+    # vanishes: the release was the chosen hypothesis, unnoised. The device's least radius
+    # (0.05 here) keeps the noise at nu * 0.05.
+    nu, least, draws = 5.0, 0.05, 300
+    server = CuriousServer(device(tmp_path, **{"least-radius": least, "cap-d-privacy": 1e6}))
+
+    # Execute
+    distances = []
+    for i in range(draws):
+        released, metrics = server.fit({"learning-rate": 1e-30, "noise-multiplier": nu}, HONEST,
+                                       server_round=i + 1)
+        distances.append(min(float(np.linalg.norm(released[0] - h)) for h in HONEST))
+
+    # Assert: the distance to the hypothesis is the Euclidean Laplace radius Gamma(n = 2,
+    # scale nu * least / 2) (KS at alpha = 1e-3 over 300 draws; the nearest hypothesis is the
+    # chosen one: they are 10.5 apart, the noise ~0.25), and every release was charged n/nu.
+    assert stats.kstest(distances, stats.gamma(2, scale=nu * least / 2).cdf).pvalue > 1e-3
+    assert metrics["releases"] == draws
+    assert metrics["spend-d"] == pytest.approx(draws * N_OVER_NU)
+
+
+@pytest.mark.parametrize(("k", "bound"), [(9, None), (3, 2), (1000, None)])
+def test_more_hypotheses_than_the_device_allows_are_declined(
+    tmp_path: Path, k: int, bound: int | None
+) -> None:
+    # Prepare: a fine grid of k hypotheses, from which the argmin of the private loss would be
+    # read (and zoomed into, round after round).
+    node = device(tmp_path, **({"max-hypotheses": bound} if bound else {}))
+    server = CuriousServer(node)
+
+    # Execute
+    released, metrics = server.fit({"num-hypotheses": k}, hypotheses_near(k, 1e-3))
+
+    # Assert
+    assert released == [] and metrics["declined-by"] == "policy"
+    assert f"num-hypotheses={k}" in metrics["decline-reason"]
+    assert "max-hypotheses" in metrics["decline-reason"]
+    assert not ledger(tmp_path).path.exists()
+
+
+# -- 3. data in error text -------------------------------------------------------------------------
+def test_a_malformed_row_of_the_devices_file_never_reaches_the_server(tmp_path: Path) -> None:
+    # Prepare: the device's CMS file has one row whose payment field holds a patient's name;
+    # the run asks for the task whose loader parses that file.
+    from tests.test_tasks_hospital import HEADER, PNEUMONIA_CC
+
+    path = tmp_path / "charges.csv"
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(HEADER)
+        writer.writerow([PNEUMONIA_CC, "10001", "H", "1 MAIN ST", "CITY", "ST", "36301", "X",
+                         "20", "$35000.00", "Jane Q. Doe 1961-04-02", "$5000.00"])
+    server = CuriousServer(device(tmp_path, **{"data-path": str(path)}))
+    hypotheses = [np.zeros(shape, np.float32) for shape in _hospital_shapes()]
+
+    # Execute
+    with pytest.raises(ServerSeesError) as caught:
+        server.fit({"task": "hospital", "num-hypotheses": 1, "validation-users": 0},
+                   hypotheses, config={"num-hypotheses": 1})
+
+    # Assert: the fixed text only; the round was charged before the file was read.
+    assert "Jane" not in str(caught.value) and "1961" not in str(caught.value)
+    assert "could not complete this round" in str(caught.value)
+    assert ledger(tmp_path).spent().releases == 1
+
+
+def _hospital_shapes() -> list[tuple[int, ...]]:
+    from tasks.hospital import hospital_mlp
+
+    return [tuple(p.shape) for p in hospital_mlp().parameters()]
+
+
+# -- 4. uncharged signals -------------------------------------------------------------------------
+def test_a_device_at_its_cap_declines_without_reading_its_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a cap of 0.5 holds one release (0.4); count every read of the local data.
+    from tasks.synthetic import SyntheticTask
+
+    reads: list[int] = []
+    original = SyntheticTask.client_dataset
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SyntheticTask, "client_dataset", counted)
+    server = CuriousServer(device(tmp_path, **{"cap-d-privacy": 0.5}))
+    server.fit({}, HONEST, server_round=1)
+    assert len(reads) == 1
+
+    # Execute: every further round would pass the cap.
+    for r in range(2, 6):
+        released, metrics = server.fit({}, HONEST, server_round=r)
+        assert released == [] and metrics["declined-by"] == "budget"
+
+    # Assert: the data was never read again (the decline's time cannot depend on it).
+    assert len(reads) == 1
+    assert ledger(tmp_path).spent().declines == 4
+
+
+def test_a_reply_carries_this_federations_spend_not_the_devices_lifetime(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the device already released three times in another federation.
+    path = tmp_path / "ledger" / "client-0.json"
+    other = PrivacyLedger(path, delta=1e-5)
+    for r in range(3):
+        other.charge(NeighbourhoodEvent((2,), 5.0), cap=50.0, round=r, federation="elsewhere")
+    server = CuriousServer(device(tmp_path))
+
+    # Execute
+    _, first = server.fit({}, HONEST, server_round=1, config={"federation-id": "f00d"})
+    _, second = server.fit({}, HONEST, server_round=2, config={"federation-id": "f00d"})
+    _, unnamed = server.fit({}, HONEST, server_round=3)
+
+    # Assert: this federation's releases only; the ledger still caps the lifetime spend.
+    assert (first["releases"], second["releases"]) == (1, 2)
+    assert second["spend-d"] == pytest.approx(2 * N_OVER_NU)
+    assert unnamed["releases"] == 1  # no id: the Flower run's own releases
+    assert "declines" not in second
+    lifetime = PrivacyLedger(path, delta=1e-5).spent()
+    assert lifetime.releases == 6 and lifetime.d_privacy == pytest.approx(6 * N_OVER_NU)
