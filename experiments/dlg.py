@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mechanisms import EuclideanLaplace
+from settings import SETTINGS
 
 if TYPE_CHECKING:
     import torch
@@ -397,7 +398,8 @@ def mechanism(nu: float, mode: str) -> EuclideanLaplace:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got mode={mode!r}")
     return EuclideanLaplace(calibration="neighbourhood", noise_multiplier=nu,
-                            per_layer=mode == "per-layer")
+                            per_layer=mode == "per-layer",
+                            least_radius=float(SETTINGS["least-radius"].default))
 
 
 def release(client: Victim, nu: float, mode: str) -> tuple[list[np.ndarray], float]:

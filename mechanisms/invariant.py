@@ -34,14 +34,13 @@ from collections.abc import Sequence
 import numpy as np
 
 from mechanisms._numeric import sum_of_squares
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, PrivacyEvent
 from mechanisms.clipping import clip_elementwise, clip_l2, l2_sensitivity
 from mechanisms.events import (
     GaussianReleaseEvent,
     MetricPrivacyEvent,
     NeighbourhoodEvent,
     NonPrivateEvent,
-    PrivacyEvent,
     SignReleaseEvent,
 )
 

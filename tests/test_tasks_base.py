@@ -112,8 +112,8 @@ def test_run_config_values_are_parsed_by_the_schema() -> None:
 @pytest.mark.parametrize(
     ("key", "value", "allowed"),
     [
-        ("samples-per-user", 0, "an integer >= 1"),
-        ("users", True, "an integer >= 0"),
+        ("samples-per-user", 0, "an integer >= 1 and <= 1e+07"),
+        ("users", True, "an integer >= 0 and <= 1e+07"),
         ("data-seed", 2.5, "an integer >= 0"),
         ("minority-fraction", 1.5, "a number >= 0 and <= 1"),
         ("minority-fraction", float("nan"), "a number >= 0 and <= 1"),
