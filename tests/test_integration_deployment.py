@@ -109,7 +109,8 @@ def test_capped_supernode_declines_and_a_restart_keeps_its_spend(
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"run_config": {"noise-multiplier": -1.0}},
-     r"noise-multiplier must be a number > 0 in the run config, got noise-multiplier=-1\.0"),
+     r"noise-multiplier must be a number > 0 and <= 1e\+06 in the run config, "
+     r"got noise-multiplier=-1\.0"),
     ({"node_configs": {1: {"device": "tpu"}}}, r"node config of SuperNode 1.*device.*tpu"),
     ({"run_config": {"no-such-key": 1}}, r"no-such-key"),
 ])

@@ -172,7 +172,8 @@ def test_errors_name_the_setting(tmp_path: Path, cms_csv: Path) -> None:
     bad.write_text("DRG Definition,Provider Id\n194 - SIMPLE PNEUMONIA,1\n")
     with pytest.raises(ValueError, match=r"lacks the CMS column.*Provider Zip Code"):
         tasks.load_task({"task": "hospital", "data-path": str(bad)})
-    with pytest.raises(ValueError, match=r"validation-users must be an integer >= 0, .*=-1"):
+    with pytest.raises(ValueError,
+                       match=r"validation-users must be an integer >= 0 and <= 1e\+07, .*=-1"):
         _task(cms_csv, **{"validation-users": -1})
     with pytest.raises(ValueError, match=r"users=5.*num-partitions=7"):
         _task(cms_csv, users=5).client_dataset(0, 7)
