@@ -22,8 +22,8 @@ import numpy as np
 
 from experiments.common import experiment_policy
 from server.launcher import launch
+from settings import AGGREGATIONS
 
-AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
 OPTIMUM = np.array([5.0, 6.0])
 
 

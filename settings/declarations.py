@@ -69,6 +69,11 @@ def _check_device(text: str) -> None:
 # ------------------------------------------------------------------------------ declarations
 _TASKS = ("synthetic", "fairness", "digits", "femnist", "hospital")
 MECHANISMS = ("laplace", "gaussian", "sign", "none")
+#: How a cluster's releases are weighted (strategies.aggregation implements each).
+AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
+#: Clipping of a Gaussian/sign update; mechanisms.clipping.CLIP_MODES implements these (mechanisms
+#: imports no gpfl package, so it keeps its own tuple; tests/test_settings_rules.py ties the two).
+CLIP_MODES = ("l2", "elementwise")
 
 _DECLARATIONS: tuple[Setting, ...] = (
     # -- the run ---------------------------------------------------------------------------------
@@ -143,7 +148,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("clip", float, 1.0, "gaussian/sign: the clipping bound C of the update",
             group="privacy", minimum=0.0, open_minimum=True),
     Setting("clip-mode", str, "l2", "gaussian/sign: clip the L2 norm, or each coordinate",
-            group="privacy", choices=("l2", "elementwise")),
+            group="privacy", choices=CLIP_MODES),
     Setting("planned-releases", int, 0,
             "gaussian/sign: releases the epsilon target is spread over (0 = num-rounds)",
             group="privacy", minimum=0),
@@ -157,7 +162,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             device_default=10.0, unset=0.0, group="privacy", minimum=0.0),
     # -- aggregation -----------------------------------------------------------------------------
     Setting("aggregation", str, "mean", "how a cluster's releases are weighted",
-            group="aggregation", choices=("mean", "weighted", "probability", "inverse-variance")),
+            group="aggregation", choices=AGGREGATIONS),
     Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
             group="aggregation", minimum=0.0, open_minimum=True),
     # -- tasks -----------------------------------------------------------------------------------
