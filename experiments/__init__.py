@@ -8,7 +8,8 @@ rest the same way for all of them.
 * ``runner.py``: the loop, the progress lines, ``results.csv``;
 * ``common.py``: the context an experiment runs in and the cache of federations;
 * ``tables.py`` and ``figures.py``: reading runs and rows, drawing;
-* ``cli.py``, ``report.py`` (with its prose in ``report_text.py``): the commands;
+* ``cli.py``, ``report.py`` (which assembles each experiment's own section), ``claims.py``
+  (how a claim and its interval are stated): the commands and the report;
 * ``synthetic_ablation``, ``accuracy_vs_nu``, ``leakage``, ``fairness``,
   ``personalized_budgets``, ``dlg_audit`` (the attack itself in ``dlg``), ``scale``: the
   experiments;
