@@ -1,6 +1,6 @@
 """Gradient inversion against one Laplace-sanitized update: the DLG audit's victim and attacks.
 
-The setting of seeds/000 (Section 5.4, Fig. 5) and seeds/001 (Fig. 5, Table 2) on
+The setting of 000 (Section 5.4, Fig. 5) and 001 (Fig. 5, Table 2) on
 scikit-learn's 8×8 digits, in modules named after what they hold:
 
 * `experiments.dlg_victim`: the digits and their recogniser, the network, one client's SGD

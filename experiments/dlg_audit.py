@@ -1,4 +1,4 @@
-"""The DLG audit (seeds/001 Figure 5; 000 section 5.4): what a capable server recovers.
+"""The DLG audit (001 Figure 5; 000 section 5.4): what a capable server recovers.
 
 What an honest-but-curious server recovers from one Laplace-sanitized update, over ν, in both
 noise modes.

@@ -1,6 +1,6 @@
 """The victim of the DLG audit: the digits, the network, one client's step and its release.
 
-The setting of seeds/000 (Section 5.4, Fig. 5) and seeds/001 (Fig. 5, Table 2), on
+The setting of 000 (Section 5.4, Fig. 5) and 001 (Fig. 5, Table 2), on
 scikit-learn's bundled 8×8 digits. An honest-but-curious server sends a client the model θ;
 the client takes **one** SGD step on **one** image (batch size 1, learning rate s), so that
 θ_c = θ − s·∇ℓ(θ; x, y), and releases

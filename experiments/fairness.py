@@ -1,4 +1,4 @@
-"""Fairness of personalized models under d-privacy (seeds/004, section 2.5.2, Figures 2.7, 2.8).
+"""Fairness of personalized models under d-privacy (004, section 2.5.2, Figures 2.7, 2.8).
 
 The thesis's synthetic majority/minority data (`tasks.fairness`): 1,000 users with 10 samples,
 800 in the privileged majority and 200 in the unprivileged minority whose labels follow the

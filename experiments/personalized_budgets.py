@@ -1,4 +1,4 @@
-"""Personalized budgets and budget-aware aggregation (seeds/002, section 5, Figures 2-7 analogue).
+"""Personalized budgets and budget-aware aggregation (002, section 5, Figures 2-7 analogue).
 
 002 compares three server aggregations when clients choose different privacy budgets:
 A = arithmetic mean, B = weighted mean with α_i ∝ 1/σ_i, C = probability-based selection

@@ -1,4 +1,4 @@
-"""Synthetic ablation: FedAvg, IFCA without noise and ours (seeds/001 §4.1, Figures 1 and 2).
+"""Synthetic ablation: FedAvg, IFCA without noise and ours (001 §4.1, Figures 1 and 2).
 
 The paper's setting: 100 users with 10 samples each from y = xᵀθ*_g + u, θ*_1 = (5, 6),
 θ*_2 = (4, −4.5); U = 7 users per round, E = 1, s = 0.1, B = 10; hypotheses drawn from N(0, I).

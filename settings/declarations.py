@@ -92,8 +92,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
     # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
     # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an
-    # error, so the round ends then with the replies that arrived. 60 s is ~4x a real-process
-    # round here (12-16 s with 10 SuperNodes on 2 cores, docs/RESULTS.md) and ~25x a simulated
+    # error, so the round ends then with the replies that arrived. 60 s is ~8x a real-process
+    # round (7.6 s with 20 SuperNodes on 2 cores, docs/BENCHMARKS.md) and ~25x a simulated
     # round of 100 clients: honest devices are not cut off, and a stuck one costs one minute.
     Setting("round-timeout", float, 60.0,
             "seconds a round waits for replies (and, before it starts, for min-replies devices "
@@ -180,7 +180,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("rotate-probability", float, 0.5,
             "digits, femnist: probability that a user's images are rotated", group="tasks",
             minimum=0.0, maximum=1.0),
-    Setting("model", str, "cnn", "digits: the Table 3 CNN or seeds/002's logistic regression",
+    Setting("model", str, "cnn", "digits: the Table 3 CNN or 002's logistic regression",
             group="tasks", choices=("cnn", "logistic")),
     Setting("partition", str, "contiguous", "digits: equal slices or a Dirichlet label skew",
             group="tasks", choices=("contiguous", "dirichlet")),
