@@ -58,9 +58,8 @@ model is the digits task's `model = "logistic"` (650 parameters), its non-IID sp
     flow("""
 - **Scale and rounds.** The quick profiles are sized for 2 cores: tens of users per digits
 federation instead of thousands; quick profiles run fixed, short round counts; full profiles
-follow the papers'
-stopping rules where those let the runs converge (the synthetic task's patience of 6 does not
-under ν = 5, so it is 40 there).
+follow the papers' stopping rules where those let the runs converge (the synthetic task's
+patience of 6 does not under ν = 5, so it is 40 there).
 """),
     flow("""
 - **Accounting.** Gaussian and sign budgets are composed over all releases with dp-accounting

@@ -75,7 +75,11 @@ def test_the_tests_import_only_declared_packages() -> None:
     assert undeclared(["tests"], RUNTIME | DEV) == {}
 
 
-@pytest.mark.parametrize("module", ["rich", "click", "cryptography", "httpx", "flwr", "torch"])
+@pytest.mark.parametrize("module", ["rich", "cryptography", "httpx", "flwr", "torch"])
 def test_a_missing_declaration_is_found(module: str) -> None:
     declared = {d for d in RUNTIME if _name(d) != module}
     assert module in undeclared(PACKAGES, declared)
+
+
+def test_a_test_only_import_is_found() -> None:
+    assert "click" in undeclared(["tests"], RUNTIME | {d for d in DEV if d != "click"})
