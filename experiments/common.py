@@ -286,7 +286,7 @@ def _write_json(path: Path, data: Any) -> None:
     # Atomic: an interrupted run never leaves half a summary in the cache (which a later run
     # would reuse); not fsynced: what is lost in a power cut is run again.
     text = json.dumps(data, indent=1, default=_json_default) + "\n"
-    write_atomic(path, text, durable=False)
+    write_atomic(path, text, durable=False, mode=0o644)
 
 
 def _json_default(value: Any) -> Any:

@@ -47,7 +47,7 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[s
     writer.writeheader()
     for row in rows:
         writer.writerow({k: _cell(row.get(k)) for k in columns})
-    write_atomic(path, buffer.getvalue(), durable=False)
+    write_atomic(path, buffer.getvalue(), durable=False, mode=0o644)
     return path
 
 

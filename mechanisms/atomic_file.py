@@ -23,7 +23,7 @@ EXCLUSIVE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
 
 def write_atomic(path: Path, payload: bytes | str, *, temporary: Path | None = None,
-                 durable: bool = True) -> None:
+                 durable: bool = True, mode: int = 0o600) -> None:
     """Replace ``path`` by ``payload`` atomically (and, if ``durable``, on disk at return).
 
     Parameters
@@ -35,10 +35,12 @@ def write_atomic(path: Path, payload: bytes | str, *, temporary: Path | None = N
     temporary : Path, optional
         A temporary of a fixed name in the same folder, created exclusively with mode 0600 (the
         ledger's, which a later open can find and remove if a writer was killed); by default a
-        fresh uniquely named one (``tempfile.mkstemp``, also mode 0600).
+        fresh uniquely named one (``tempfile.mkstemp``).
     durable : bool
         ``fsync`` the file and its folder (default). ``False`` keeps the atomic replacement
         only, for files that can be recomputed (a figure's table, a cache entry).
+    mode : int
+        The new file's permissions (default 0600: a ledger or a run's records are the owner's).
 
     Raises
     ------
@@ -55,6 +57,8 @@ def write_atomic(path: Path, payload: bytes | str, *, temporary: Path | None = N
         tmp = Path(temporary)
         fd = os.open(tmp, EXCLUSIVE, 0o600)
     try:
+        if mode != 0o600:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -19,6 +19,8 @@ def test_replaces_the_file_and_leaves_no_temporary(tmp_path: Path) -> None:
     assert path.read_bytes() == b"two\n"
     assert sorted(p.name for p in path.parent.iterdir()) == ["f.json"]
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    write_atomic(path, "three\n", mode=0o644)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and path.read_text() == "three\n"
 
 
 def test_a_failed_write_keeps_the_old_file_and_removes_the_temporary(
