@@ -3,9 +3,9 @@
 # pyproject.toml changes), then runs a gpfl command or the test suite.
 #
 #   ./gpfl.sh launch [options]   the main job: a local federation of real Flower processes
-#   ./gpfl.sh test [pytest args] ruff, mypy and the whole test suite (2 pytest workers)
+#   ./gpfl.sh test [pytest args] ruff, mypy, import-linter and the whole test suite (~15 min on 2 cores)
 #   ./gpfl.sh experiment NAME [options]   one of the papers' experiments (python -m experiments)
-#   ./gpfl.sh report [--full] [options]   every experiment (--quick unless --full), then docs/RESULTS.md
+#   ./gpfl.sh report [--full] [options]   every experiment (--quick unless --full; ~5 h on 2 cores), then docs/RESULTS.md
 #   ./gpfl.sh <any gpfl subcommand>
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -13,8 +13,8 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 VENV=${GPFL_VENV:-.venv}
 
-# pip, quiet; this machine's pip config names index folders that may be
-# absent, and pip warns once per package about each: not worth showing.
+# pip, quiet; a pip config may name local index folders that are absent,
+# and pip warns once per package about each: not worth showing.
 pipq() {
     "$VENV/bin/python" -m pip install -q "$@" 2>&1 \
         | { grep -v "is ignored: it is neither a file nor a directory" || true; } >&2
@@ -50,6 +50,7 @@ case "$cmd" in
         export PATH="$PWD/$VENV/bin:$PATH"
         echo "== ruff" && ruff check .
         echo "== mypy" && mypy settings mechanisms strategies client server tasks experiments
+        echo "== import-linter" && lint-imports --no-cache --no-logo
         # Two workers, one test file each at a time: the real-process tests mostly wait on
         # Flower's 3 s polling, so a second worker overlaps them with the CPU-bound ones.
         # GPFL_TEST_WORKERS=0 runs everything in this process (for debugging).

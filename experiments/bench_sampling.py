@@ -1,7 +1,7 @@
 """Benchmark: Euclidean Laplace sampling against drawing the standard normals alone.
 
 ``sample_euclidean_laplace(n, ε, rng)`` draws n standard normals, one Gamma radius,
-one dot product and one in-place scaling; the goal is at most 1.1x the time of
+one dot product and one in-place scaling: it should take at most 1.1x the time of
 ``rng.standard_normal(n)``. Prints a Markdown table (best of several repeats)::
 
     python -m experiments.bench_sampling [--repeats 15]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -24,6 +23,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
+
+from mechanisms.atomic_file import write_atomic
 
 __all__ = [
     "DEFAULT_CACHE",
@@ -282,11 +283,10 @@ def compact_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=1, default=_json_default)
-        fh.write("\n")
-    os.replace(tmp, path)
+    # Atomic: an interrupted run never leaves half a summary in the cache (which a later run
+    # would reuse); not fsynced: what is lost in a power cut is run again.
+    text = json.dumps(data, indent=1, default=_json_default) + "\n"
+    write_atomic(path, text, durable=False, mode=0o644)
 
 
 def _json_default(value: Any) -> Any:

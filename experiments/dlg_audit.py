@@ -1,4 +1,4 @@
-"""The DLG audit (seeds/001 Figure 5; 000 section 5.4): what a capable server recovers.
+"""The DLG audit (001 Figure 5; 000 section 5.4): what a capable server recovers.
 
 What an honest-but-curious server recovers from one Laplace-sanitized update, over ν, in both
 noise modes.
@@ -60,9 +60,12 @@ from experiments.dlg import (
     digits,
     one_thread,
 )
-from experiments.figures import decorate, pyplot, save
+from experiments.dlg_report import (
+    STRONGEST,
+    plot,
+    report_section,
+)
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import mean_ci, paired_difference
 
 NAME = "dlg"
 #: The attacks of the quick and smoke profiles: DLG (a soft label too) costs as much as iDLG
@@ -76,19 +79,13 @@ PROFILES: dict[str, dict[str, Any]] = {
     "smoke": {"nus": [1.0, 10.0], "images": [0, 1, 2], "effort": SMOKE,
               "attacks": FAST_ATTACKS},
 }
-#: The pseudo-attack of the rows that report the strongest attack of a (mode, ν).
-STRONGEST = "strongest"
 #: The header of ``results.csv``.
 COLUMNS = ("mode", "nu", "image", "label", "attack", "picked", "mse", "psnr", "ssim",
            "recognised", "closer_than_class_mean", "label_read", "label_recovered",
            "class_mean_mse", "class_mean_psnr", "class_mean_ssim", "loss", "cost")
 ROW_KEYS = COLUMNS
-#: The recognised fraction of a reconstruction that tells nothing, over images of ten digits.
-CHANCE = 0.1
 #: SSIM window side for 8×8 images.
 SSIM_WIN_SIZE = 3
-#: How every interval is named in the tables.
-INTERVAL = "mean ± half-width of the two-sided Student-t 95 % interval over the images"
 
 
 # --------------------------------------------------------------------------- scores
@@ -334,242 +331,5 @@ def plot_reconstructions(done: Mapping[tuple[float, int], Trial], path: Path, *,
     return path
 
 
-# --------------------------------------------------------------------------- summaries
-
-
-def _values(rows: Sequence[Mapping[str, str]], key: str) -> list[float]:
-    return [float(r[key]) for r in rows]
-
-
-def interval(values: Sequence[float]) -> tuple[float, float, int]:
-    """`experiments.tables.mean_ci` that keeps an infinite PSNR (a perfect match) as ∞."""
-    if any(math.isinf(v) and v > 0 for v in values):
-        return math.inf, math.nan, len(values)
-    return mean_ci(values)
-
-
-def select(rows: Sequence[Mapping[str, str]], *, mode: str, nu: float, attack: str
-           ) -> list[Mapping[str, str]]:
-    """Return the rows of one (mode, ν, attack), one per image."""
-    return [r for r in rows
-            if r["mode"] == mode and float(r["nu"]) == nu and r["attack"] == attack]
-
-
-def nus_of(rows: Sequence[Mapping[str, str]]) -> list[float]:
-    """Return the ν of the rows, ascending."""
-    return sorted({float(r["nu"]) for r in rows})
-
-
-def attacks_of(rows: Sequence[Mapping[str, str]]) -> list[str]:
-    """Return the attacks of the rows in :data:`experiments.dlg.ATTACKS` order, strongest last."""
-    present = {r["attack"] for r in rows}
-    return [name for name in (*ATTACKS, STRONGEST) if name in present]
-
-
-@dataclass(frozen=True)
-class Summary:
-    """One (mode, ν, attack) over the images: each score's (mean, 95 % half-width, n).
-
-    ``gain`` is the PSNR above the class mean's, paired by image; ``label`` the label
-    recovered (iDLG's read, the same for every attack but DLG).
-    """
-
-    scores: dict[str, tuple[float, float, int]]
-    gain: tuple[float, float, int]
-    picked: str
-
-
-def summarise(rows: Sequence[Mapping[str, str]], *, mode: str, nu: float, attack: str
-              ) -> Summary:
-    """Summarise one (mode, ν, attack) over its images (Student-t 95 % intervals)."""
-    sel = select(rows, mode=mode, nu=nu, attack=attack)
-    out = {key: interval(_values(sel, key))
-           for key in ("mse", "psnr", "ssim", "recognised", "closer_than_class_mean",
-                       "label_recovered", "class_mean_psnr", "class_mean_ssim")}
-    gain = paired_difference({r["image"]: min(float(r["psnr"]), 100.0) for r in sel},
-                             {r["image"]: float(r["class_mean_psnr"]) for r in sel})
-    picked = ", ".join(dict.fromkeys(r["picked"] for r in sel if r["picked"]))
-    return Summary(out, gain, picked)
-
-
-def label_read(rows: Sequence[Mapping[str, str]], *, mode: str, nu: float
-               ) -> tuple[float, float, int]:
-    """Return the fraction of images whose label iDLG reads off the gradient, and its interval."""
-    attack = next((name for name in attacks_of(rows) if name not in ("dlg", STRONGEST)), "")
-    return interval(_values(select(rows, mode=mode, nu=nu, attack=attack), "label_recovered"))
-
-
-def _above(mean: float, half: float, n: int, level: float) -> bool:
-    """Whether the interval lies wholly above ``level`` (two values or more)."""
-    return n >= 2 and math.isfinite(half) and mean - half > level
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Where the strongest attack stops, per mode, from the rows.
-
-    Attributes
-    ----------
-    recognisable : float or None
-        The largest ν at which the recognised fraction's interval lies above chance (0.1).
-    beyond_label : float or None
-        The largest ν at which the PSNR above the class mean (paired) has an interval above 0:
-        the reconstruction shows more of the image than its label does.
-    label : float or None
-        The largest ν at which the label-read fraction's interval lies above chance.
-    first_unrecognisable : float or None
-        The smallest ν at which the recognised fraction's interval reaches chance.
-    """
-
-    recognisable: float | None
-    beyond_label: float | None
-    label: float | None
-    first_unrecognisable: float | None
-
-
-def limits(rows: Sequence[Mapping[str, str]], mode: str) -> Limits:
-    """Compute :class:`Limits` of ``mode`` from the strongest attack's rows."""
-    recognisable, beyond, label, first_fail = [], [], [], []
-    for nu in nus_of(rows):
-        if not select(rows, mode=mode, nu=nu, attack=STRONGEST):
-            continue
-        s = summarise(rows, mode=mode, nu=nu, attack=STRONGEST)
-        if _above(*s.scores["recognised"], CHANCE):
-            recognisable.append(nu)
-        else:
-            first_fail.append(nu)
-        if _above(*s.gain, 0.0):
-            beyond.append(nu)
-        if _above(*label_read(rows, mode=mode, nu=nu), CHANCE):
-            label.append(nu)
-    return Limits(max(recognisable, default=None), max(beyond, default=None),
-                  max(label, default=None), min(first_fail, default=None))
-
-
-def _up_to(value: float | None, nus: Sequence[float]) -> str:
-    if value is None or value == 0.0:
-        return "no ν with noise"
-    return f"every ν tested (up to {value:g})" if value == max(nus) else f"ν up to {value:g}"
-
-
-def conclusions(rows: Sequence[Mapping[str, str]]) -> list[str]:
-    """Markdown bullets, one per mode: where reconstruction stops and how far the label leaks.
-
-    Computed from the strongest attack's rows with :func:`limits`; "up to ν" means the largest
-    ν of the grid at which the interval clears its reference.
-    """
-    lines = []
-    for mode in MODES:
-        if not any(r["mode"] == mode and r["attack"] == STRONGEST for r in rows):
-            continue
-        found = limits(rows, mode)
-        nus = [nu for nu in nus_of(rows) if nu > 0]
-        stop = ("" if found.first_unrecognisable is None
-                else f" (the first ν where not: {found.first_unrecognisable:g})")
-        lines.append(
-            f"- **{mode}**: the strongest attack's reconstructions are read as the true digit "
-            f"above chance (interval above {CHANCE:g}) at {_up_to(found.recognisable, nus)}"
-            f"{stop}; they are closer to the true image than the mean image of its digit "
-            f"(PSNR gain interval above 0) at {_up_to(found.beyond_label, nus)}; the label is "
-            f"read off the gradient at {_up_to(found.label, nus)}.")
-    return lines
-
-
-def _cell(value: tuple[float, float, int], digits: int = 2) -> str:
-    mean, half, n = value
-    if math.isinf(mean):
-        return "∞"
-    if n < 2 or math.isnan(half):
-        return f"{mean:.{digits}f}"
-    return f"{mean:.{digits}f} ± {half:.{digits}f}"
-
-
-def strongest_table(rows: Sequence[Mapping[str, str]], mode: str) -> list[str]:
-    """Markdown lines: per ν, the strongest attack's scores (mean ± 95 % half-width)."""
-    lines = ["| ν | strongest attack | recognised | PSNR (dB) | PSNR − class mean's (dB) | "
-             "SSIM | closer than class mean | label read | images |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    reference = None
-    for nu in nus_of(rows):
-        if not select(rows, mode=mode, nu=nu, attack=STRONGEST):
-            continue
-        s = summarise(rows, mode=mode, nu=nu, attack=STRONGEST)
-        reference = s
-        lines.append(
-            f"| {nu:g}{' (no noise)' if nu == 0 else ''} | {s.picked} | "
-            f"{_cell(s.scores['recognised'])} | {_cell(s.scores['psnr'], 1)} | "
-            f"{_cell(s.gain, 1)} | {_cell(s.scores['ssim'])} | "
-            f"{_cell(s.scores['closer_than_class_mean'])} | "
-            f"{_cell(label_read(rows, mode=mode, nu=nu))} | {s.scores['psnr'][2]} |")
-    if reference is not None:
-        lines.append(f"| class mean of the true digit (reference) | - | 1 | "
-                     f"{_cell(reference.scores['class_mean_psnr'], 1)} | 0 | "
-                     f"{_cell(reference.scores['class_mean_ssim'])} | - | - | "
-                     f"{reference.scores['class_mean_psnr'][2]} |")
-    return lines
-
-
-def attacks_table(rows: Sequence[Mapping[str, str]], mode: str) -> list[str]:
-    """Markdown lines: per ν, every attack's mean PSNR (dB) / recognised fraction."""
-    names = [name for name in attacks_of(rows) if name != STRONGEST]
-    lines = ["| ν | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
-    for nu in nus_of(rows):
-        cells = []
-        for name in names:
-            if not select(rows, mode=mode, nu=nu, attack=name):
-                cells.append("-")
-                continue
-            s = summarise(rows, mode=mode, nu=nu, attack=name)
-            cells.append(f"{_cell(s.scores['psnr'], 1)} dB / {_cell(s.scores['recognised'])}")
-        lines.append(f"| {nu:g} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _band(ax: Any, xs: list[float], stats_: list[tuple[float, float, int]], label: str, *,
-          bounds: tuple[float, float], **style: Any) -> None:
-    means = np.array([min(m, 100.0) for m, _, _ in stats_])
-    halves = np.array([0.0 if not math.isfinite(h) else h for _, h, _ in stats_])
-    ax.plot(xs, means, marker="o", label=label, **style)
-    ax.fill_between(xs, np.clip(means - halves, *bounds), np.clip(means + halves, *bounds),
-                    alpha=0.2, color=style.get("color"))
-
-
-def plot(rows: list[dict[str, str]], path: Path) -> Path:
-    """Recognised fraction, PSNR and SSIM versus ν per mode, with 95 % intervals over images."""
-    nus = nus_of(rows)
-    positive = [nu for nu in nus if nu > 0]
-    zero_at = min(positive) / 10 if positive else 1e-2
-    modes = [mode for mode in MODES if any(r["mode"] == mode for r in rows)]
-    names = [name for name in attacks_of(rows) if name != STRONGEST]
-    fig, axes = pyplot().subplots(len(modes), 3, figsize=(15, 4.2 * len(modes)), squeeze=False)
-    for m, mode in enumerate(modes):
-        def series(name: str, key: str, mode: str = mode) -> tuple[list[float], list[Any]]:
-            pts = [(nu if nu > 0 else zero_at, summarise(rows, mode=mode, nu=nu, attack=name))
-                   for nu in nus if select(rows, mode=mode, nu=nu, attack=name)]
-            return [x for x, _ in pts], [s.scores[key] for _, s in pts]
-
-        for col, key, ylabel in ((0, "recognised", "recognised as the true digit"),
-                                 (1, "psnr", "PSNR (dB)"), (2, "ssim", "SSIM")):
-            ax = axes[m][col]
-            for name in names:
-                xs, ys = series(name, key)
-                ax.plot(xs, [min(y[0], 100.0) for y in ys], lw=0.8, alpha=0.6, label=name)
-            xs, ys = series(STRONGEST, key)
-            bounds = {"recognised": (0.0, 1.0), "psnr": (0.0, 100.0), "ssim": (-1.0, 1.0)}[key]
-            _band(ax, xs, ys, "strongest (95 % CI)", bounds=bounds, color="black")
-            if key == "recognised":
-                ax.axhline(CHANCE, color="grey", ls=":", label="chance")
-                _, labels = series(STRONGEST, "label_recovered")
-                ax.plot(xs, [y[0] for y in labels], color="tab:red", ls="--",
-                        label="label read (iDLG)")
-            else:
-                _, ref = series(STRONGEST, f"class_mean_{key}")
-                ax.axhline(ref[0][0], color="grey", ls=":", label="class mean of the true digit")
-            decorate(ax, xlabel=f"noise multiplier ν (no noise drawn at {zero_at:g})",
-                     ylabel=ylabel, title=f"{mode}", xscale="log",
-                     legend={"fontsize": 7} if col == 0 else None)
-    return save(fig, path, suptitle="Gradient inversion of one Laplace-sanitized update "
-                                     "(001 Figure 5 analogue); bands: Student-t 95 % over images")
-
-
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, describe=describe, perform=perform)
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, describe=describe, perform=perform,
+                        report=report_section, paper="001 Fig. 5 / 000 §5.4")

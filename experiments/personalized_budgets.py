@@ -1,4 +1,4 @@
-"""Personalized budgets and budget-aware aggregation (seeds/002, section 5, Figures 2-7 analogue).
+"""Personalized budgets and budget-aware aggregation (002, section 5, Figures 2-7 analogue).
 
 002 compares three server aggregations when clients choose different privacy budgets:
 A = arithmetic mean, B = weighted mean with α_i ∝ 1/σ_i, C = probability-based selection
@@ -55,19 +55,20 @@ from typing import Any
 
 from experiments.common import Context, FederationSpec
 from experiments.figures import pyplot, save
+from experiments.personalized_budgets_report import (
+    AGGREGATIONS,
+    _name,
+    aggregate,
+    report_section,
+)
 from experiments.runner import Cell, Experiment, Run
 from experiments.tables import (
     best_entry,
-    fmt,
     last_entry,
-    mean_ci,
-    paired_difference,
     spends_of,
-    verdict,
 )
 
 NAME = "personalized-budgets"
-AGGREGATIONS = {"mean": "A", "weighted": "B", "probability": "C"}
 COLUMNS = ("panel", "accounting", "setting", "budgets", "aggregation", "method", "seed",
            "accuracy", "val_loss", "best_round", "rounds", "failures", "max_epsilon")
 ACCOUNTINGS = ("composed", "per-round")
@@ -147,16 +148,6 @@ PROFILES: dict[str, dict[str, Any]] = {
     # The tests: the IID panel under 002's accounting, where B and C gain the most.
     "smoke": {"panels": ["digits-iid-gaussian"], "uniform": False, "personalized": 1,
               "accountings": ["per-round"], "seeds": [0]},
-}
-#: What 002 reports in its text (its figures hold the rest): accuracy gains of B and C over A
-#: in the personalized scenario, percentage points, and the accuracy without noise.
-PAPER_GAINS = {
-    "MNIST (sklearn digits), IID, Gaussian": {"B": 5.57, "C": 11.28, "no noise": 88.7},
-    "Fashion-MNIST, IID, Gaussian": {"B": 3.04, "C": 3.93, "no noise": 73.1},
-    "forest cover types, IID, Gaussian": {"B": 4.07, "C": 10.90, "no noise": 49.0},
-    "MNIST, non-IID, sign": {"C": 6.97, "no noise": 65.2},
-    "Fashion-MNIST, non-IID, sign": {"C": 19.85, "no noise": 49.8},
-    "forest cover types, non-IID, sign": {"no noise": 62.6},
 }
 
 
@@ -242,33 +233,6 @@ def figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> None:
         plot(rows, panel, ctx.figures / f"{panel}.png")
 
 
-Key = tuple[str, str, str, str]  # (accounting, setting, budgets, aggregation)
-
-
-def aggregate(rows: list[dict[str, str]], panel: str
-              ) -> dict[Key, tuple[float, float, int, float]]:
-    """Map (accounting, setting, budgets, aggregation) to (mean, 95 % half-width, seeds, max ε).
-
-    ``max ε`` is the largest composed spend of any client in those runs (NaN without noise).
-    """
-    cells: dict[Key, list[float]] = {}
-    spent: dict[Key, list[float]] = {}
-    for r in rows:
-        if r["panel"] == panel:
-            key = (r.get("accounting", "composed"), r["setting"], r["budgets"],
-                   r["aggregation"])
-            cells.setdefault(key, []).append(float(r["accuracy"]))
-            if r.get("max_epsilon") not in (None, "", "nan"):
-                spent.setdefault(key, []).append(float(r["max_epsilon"]))
-    return {key: (*mean_ci(v), max(spent.get(key, [math.nan]))) for key, v in cells.items()}
-
-
-def _name(accounting: str, setting: str, budgets: str) -> str:
-    if setting == "no noise":
-        return "no noise"
-    return f"{accounting}: " + (f"uniform {budgets}" if setting == "uniform" else budgets)
-
-
 def plot(rows: list[dict[str, str]], panel: str, path: Path) -> Path:
     """Bars like 002's figures: uniform budgets (a) and A/B/C per personalized setting (b, c)."""
     agg = aggregate(rows, panel)
@@ -291,59 +255,5 @@ def plot(rows: list[dict[str, str]], panel: str, path: Path) -> Path:
     return save(fig, path)
 
 
-def gains(rows: list[dict[str, str]], panel: str
-          ) -> dict[tuple[str, str], dict[str, dict[int, float]]]:
-    """Per (accounting, personalized budgets): seed -> accuracy of A, B and C."""
-    out: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
-    for r in rows:
-        if r["panel"] == panel and r["setting"] == "personalized":
-            key = (r.get("accounting", "composed"), r["budgets"])
-            method = AGGREGATIONS[r["aggregation"]]
-            out.setdefault(key, {}).setdefault(method, {})[int(r["seed"])] = float(r["accuracy"])
-    return out
-
-
-def differences(rows: list[dict[str, str]], panel: str
-                ) -> dict[tuple[str, str], dict[str, tuple[float, float, int]]]:
-    """Per (accounting, budgets): B − A and C − A paired by seed (mean, 95 % half-width, n)."""
-    return {key: {x: paired_difference(by[x], by["A"]) for x in ("B", "C")
-                  if x in by and "A" in by}
-            for key, by in gains(rows, panel).items()}
-
-
-def table(rows: list[dict[str, str]]) -> list[str]:
-    """Markdown lines: a row per panel, accounting and budgets: A / B / C, B−A, C−A, max ε."""
-    lines = ["| panel | accounting: budgets ε_i | A (mean) | B (weighted) | C (probability) "
-             "| B − A (paired) | C − A (paired) | max composed ε |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-
-    def cell(m: float, h: float, n: int) -> str:
-        if n == 0:
-            return "-"
-        return f"{m:.3f} (1)" if n == 1 else f"{m:.3f} ± {h:.3f} ({n})"
-
-    for panel in dict.fromkeys(r["panel"] for r in rows):
-        agg = aggregate(rows, panel)
-        for (accounting, setting, budgets, aggregation), (m, h, n, eps) in agg.items():
-            if setting != "personalized" and aggregation == "mean":
-                lines.append(f"| {panel} | {_name(accounting, setting, budgets)} | "
-                             f"{cell(m, h, n)} | (= A) | (= A) | | | {fmt(eps)} |")
-        diffs = differences(rows, panel)
-        for (accounting, budgets) in gains(rows, panel):
-            cells, spent = [], []
-            for method in ("A", "B", "C"):
-                aggregation = {v: k for k, v in AGGREGATIONS.items()}[method]
-                m, h, n, eps = agg.get((accounting, "personalized", budgets, aggregation),
-                                       (math.nan, math.nan, 0, math.nan))
-                cells.append(cell(m, h, n))
-                spent.append(eps)
-            d = diffs.get((accounting, budgets), {})
-            finite = [e for e in spent if not math.isnan(e)]
-            lines.append(f"| {panel} | {accounting}: {budgets} | {' | '.join(cells)} | "
-                         f"{verdict(*d['B']) if 'B' in d else '-'} | "
-                         f"{verdict(*d['C']) if 'C' in d else '-'} | "
-                         f"{fmt(max(finite)) if finite else '-'} |")
-    return lines
-
-
-EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=("accuracy",))
+EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=("accuracy",),
+                        report=report_section, paper="002 §5, Fig. 2-7")

@@ -2,41 +2,75 @@
 
 Reads ``<root>/<experiment>/results.csv`` and ``meta.json`` for every experiment that has run
 (root: ``runs/experiments`` by default), copies its figures to ``docs/results/<experiment>/`` so
-that the report shows them where ``runs/`` is not kept, and writes the Markdown: for each
-experiment the papers' numbers (quoted from seeds/000, 001, 002, 004), ours, and what differs
-and why. Nothing here runs a federation.
+that the report shows them where ``runs/`` is not kept, and writes the Markdown: an index, then
+each experiment's own section (its `experiments.runner.Experiment.report`: the papers' numbers,
+ours, and what differs and why), then what differs overall. Nothing here runs a federation.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
-import math
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from experiments import (
-    accuracy_vs_nu,
-    dlg_audit,
-    fairness,
-    leakage,
-    personalized_budgets,
-    scale,
-    synthetic_ablation,
-)
-from experiments.report_text import TEXT
-from experiments.tables import (
-    CI_NAME,
-    excludes_zero,
-    fmt,
-    paired_difference,
-    read_csv,
-    verdict,
-)
+from experiments.claims import flow
+from experiments.runner import Experiment
+from experiments.tables import fmt, read_csv
 
-ORDER = ("synthetic-ablation", "accuracy-vs-nu", "leakage", "fairness", "personalized-budgets",
-         "dlg", "scale")
+__all__ = ["ORDER", "write_report"]
+
+
+def _registered() -> dict[str, str]:
+    from experiments.cli import EXPERIMENTS  # the command line's registry: one list of them
+
+    return EXPERIMENTS
+
+
+#: The experiments, in the order the report shows them (the order ``all`` runs them).
+ORDER = tuple(_registered())
+
+
+def _experiments() -> dict[str, Experiment]:
+    return {name: importlib.import_module(module).EXPERIMENT
+            for name, module in _registered().items()}
+
+
+_HOW = flow("""
+`gpfl-experiment` is the same command once the package is installed. Each experiment writes
+`runs/experiments/<name>/results.csv`, `figures/*.png` and `meta.json`; finished federations
+are cached in `runs/experiments/_runs/` (keyed by their run config), so an interrupted sweep
+resumes and `leakage` reuses the federations of `accuracy-vs-nu`; `--fresh` runs them again.
+""")
+_DIFFERENCES = (
+    flow("""
+- **Data.** No downloads here: scikit-learn's bundled 8×8 digits stand in for FEMNIST and
+MNIST (002 itself uses them for its MNIST experiments), the fairness task generates 004's
+synthetic data, the hospital table needs the CMS CSV from the user.
+"""),
+    flow("""
+- **Models.** Table 3's CNN sized for 8×8 has 83,562 parameters (1.2 M on FEMNIST). 002's
+model is the digits task's `model = "logistic"` (650 parameters), its non-IID split `partition
+= "dirichlet"`; the thesis's Fig. 2.8 protocol is `labels = "parity"`.
+"""),
+    flow("""
+- **Scale and rounds.** The quick profiles are sized for 2 cores: tens of users per digits
+federation instead of thousands; quick profiles run fixed, short round counts; full profiles
+follow the papers' stopping rules where those let the runs converge (the synthetic task's
+patience of 6 does not under ν = 5, so it is 40 there).
+"""),
+    flow("""
+- **Accounting.** Gaussian and sign budgets are composed over all releases with dp-accounting
+(RDP), stricter than 002's per-round budgets. d-privacy spend is Σ ε·r as in 001.
+"""),
+    flow("""
+- **Delivered model.** Accuracies and fairness gaps are those of the best validation round
+(the hypotheses a run delivers), each validation user scored with the hypothesis that fits it
+best (001's Eq. 15); personalized-budgets reports the final model after R rounds, as 002 does.
+"""),
+)
 
 
 def _load(root: Path, name: str) -> tuple[list[dict[str, str]], dict[str, Any]] | None:
@@ -92,6 +126,7 @@ def write_report(root: Path, doc: Path) -> Path:
     doc = Path(doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
     loaded = {name: _load(root, name) for name in ORDER}
+    experiments = _experiments()
     out: list[str] = [
         "# Results: the papers' experiments, reproduced",
         "",
@@ -100,7 +135,7 @@ def write_report(root: Path, doc: Path) -> Path:
         f"Generated {time.strftime('%Y-%m-%d %H:%M')} from `{root}`. Every number below comes "
         "from the `results.csv` of an experiment run with this repository's ServerApp and "
         "ClientApp on Flower's Simulation Engine (Ray), one virtual SuperNode per user; the "
-        "papers' numbers are quoted from `../shared/seeds/` (001 = Galli et al., conference "
+        "papers' numbers are quoted from the papers themselves (001 = Galli et al., conference "
         "version; 000 = its extended version; 004 = Galli's thesis; 002 = Wu, Xu, Zhu 2023).",
         "",
         "## Regenerate",
@@ -118,24 +153,19 @@ def write_report(root: Path, doc: Path) -> Path:
         "python -m experiments leakage --data-path Inpatient.csv              # + hospital table",
         "```",
         "",
-        TEXT["write_report-1"],
+        _HOW,
         "",
         "| experiment | paper | profile | runtime | rows |",
         "| --- | --- | --- | --- | --- |",
     ]
-    papers = {
-        "synthetic-ablation": "001 §4.1, Fig. 1-2", "accuracy-vs-nu": "001 Table 2",
-        "leakage": "001 Table 1", "fairness": "004 §2.5.2, Fig. 2.7-2.8",
-        "personalized-budgets": "002 §5, Fig. 2-7", "dlg": "001 Fig. 5 / 000 §5.4",
-        "scale": "issue 4 (≥ 1,000 virtual users)",
-    }
     for name in ORDER:
         item = loaded[name]
         if item is None:
-            out.append(f"| {name} | {papers[name]} | not run | - | - |")
+            out.append(f"| {name} | {experiments[name].paper} | not run | - | - |")
         else:
             rows, meta = item
-            out.append(f"| [{name}](#{name}) | {papers[name]} | {meta.get('profile', '?')} | "
+            out.append(f"| [{name}](#{name}) | {experiments[name].paper} | "
+                       f"{meta.get('profile', '?')} | "
                        f"{fmt(_compute_s(meta), 4)} s | {len(rows)} |")
     totals: dict[str, float] = {}
     for item in loaded.values():
@@ -149,10 +179,6 @@ def write_report(root: Path, doc: Path) -> Path:
             "section's note). Summed over the experiments: "
             f"{took or 'nothing run'} (on a machine shared with other work, each experiment "
             "takes longer than alone).", ""]
-    sections = {
-        "synthetic-ablation": _synthetic, "accuracy-vs-nu": _accuracy, "leakage": _leakage,
-        "fairness": _fairness, "personalized-budgets": _budgets, "dlg": _dlg, "scale": _scale,
-    }
     for name in ORDER:
         out += [f"## {name}", ""]
         item = loaded[name]
@@ -161,266 +187,20 @@ def write_report(root: Path, doc: Path) -> Path:
             continue
         rows, meta = item
         out += [_profile_note(meta), ""]
-        out += sections[name](rows)
+        out += experiments[name].report(rows)
         out += ["", *_figures(root, name, doc), ""]
     out += _differences()
     doc.write_text("\n".join(out).rstrip() + "\n", encoding="utf-8")
     return doc
 
 
-def _synthetic(rows: list[dict[str, str]]) -> list[str]:
-    ours = [r for r in rows if r["method"] == "ours"]
-    fedavg = [r for r in rows if r["method"] == "fedavg"]
-    ok = sum(float(r["max_dist"]) <= 0.5 for r in ours)
-    fed_ok = sum(float(r["max_dist"]) <= 0.5 for r in fedavg)
-    spend = [float(r["max_spend"]) for r in ours if r["max_spend"]]
-    rounds = sorted({r["rounds"] for r in rows})
-
-    def by(method: str) -> dict[int, float]:
-        return {int(r["seed"]): float(r["max_dist"]) for r in rows
-                if r["method"] == method and r["max_dist"] not in ("", "nan")}
-
-    return [
-        TEXT["synthetic-1"],
-        "",
-        "**Ours.** Distances are from each optimum θ* to the nearest delivered hypothesis (those "
-        f"of the best validation round), {CI_NAME}:",
-        "",
-        *synthetic_ablation.table(rows),
-        "",
-        f"Ours ends within 0.5 of both optima in {ok} of {len(ours)} seeds, FedAvg in "
-        f"{fed_ok} of {len(fedavg)} (one hypothesis cannot be near two optima 11.5 apart: it "
-        "stays between them, as in Fig. 1b). Rounds run: "
-        f"{', '.join(rounds)}.",
-        "",
-        "Claims, as differences paired by seed, mean [95 % Student-t interval]:",
-        "",
-        "- " + _claim("ours ends nearer both optima than FedAvg (max distance, ours − FedAvg)",
-                      *paired_difference(by("ours"), by("fedavg")), expect=-1),
-        "- " + _claim("the noise costs ours distance against IFCA without noise (max distance, "
-                      "ours − IFCA)", *paired_difference(by("ours"), by("ifca")), expect=1),
-        "",
-        TEXT["synthetic-2"].format(
-            spend=fmt(max(spend) if spend else math.nan)),
-    ]
-
-
-def _claim(text: str, mean: float, half: float, n: int, *, expect: int = 1,
-           digits: int = 3) -> str:
-    """One claim with the interval of its paired difference, and whether that supports it.
-
-    ``expect`` is the sign the claim predicts (+1: the difference is positive).
-    """
-    if n < 2 or math.isnan(half):
-        return f"{text}: {verdict(mean, half, n, digits)}; no interval, so not claimed."
-    if excludes_zero(mean, half, n) and mean * expect > 0:
-        status = "supported (the 95 % interval excludes 0)"
-    elif excludes_zero(mean, half, n):
-        status = "**contradicted** (the 95 % interval is on the other side of 0)"
-    else:
-        status = "**not supported** (the 95 % interval contains 0): withdrawn"
-    return f"{text}: {verdict(mean, half, n, digits)}; {status}."
-
-
-def _flat_claim(text: str, mean: float, half: float, n: int, tolerance: float = 0.02) -> str:
-    """State a claim of no effect: supported when the interval lies within ± ``tolerance``."""
-    if n < 2 or math.isnan(half):
-        return f"{text}: {verdict(mean, half, n)}; no interval, so not claimed."
-    if abs(mean) + half <= tolerance:
-        status = f"supported (the 95 % interval lies within ±{tolerance:g})"
-    elif not excludes_zero(mean, half, n):
-        status = (f"consistent (the interval contains 0) but not shown: it reaches beyond "
-                  f"±{tolerance:g}")
-    else:
-        status = "**contradicted** (the 95 % interval excludes 0)"
-    return f"{text}: {verdict(mean, half, n)}; {status}."
-
-
-def _accuracy(rows: list[dict[str, str]]) -> list[str]:
-    seed_acc = accuracy_vs_nu.by_seed
-    lines = [
-        TEXT["accuracy-1"],
-        "",
-        f"**Ours** ({CI_NAME}, (seeds); k = 2 is the paper's setting):",
-        "",
-        *accuracy_vs_nu.table(rows),
-        "",
-        "Claims, each as the difference paired by seed (same data, same seed), mean "
-        "[95 % Student-t interval]:",
-        "",
-    ]
-    claims = [
-        ("k = 2 beats k = 1 on rotated digits without noise (accuracy, k = 2 − k = 1, ν = 0)",
-         seed_acc(rows, 0.0, 2), seed_acc(rows, 0.0, 1), 1),
-        ("k = 2 beats k = 1 at ν = 1", seed_acc(rows, 1.0, 2), seed_acc(rows, 1.0, 1), 1),
-        ("accuracy falls as ν grows (k = 2: ν = 15 − ν = 1)",
-         seed_acc(rows, 15.0, 2), seed_acc(rows, 1.0, 2), -1),
-    ]
-    for text, a, b, expect in claims:
-        if a and b:
-            lines.append("- " + _claim(text, *paired_difference(a, b), expect=expect))
-    a, b = seed_acc(rows, 1.0, 2), seed_acc(rows, 0.0, 2)
-    if a and b:
-        lines.append("- " + _flat_claim("accuracy is flat from ν = 0 to ν = 1, as the paper's "
-                                        "(k = 2: ν = 1 − ν = 0)", *paired_difference(a, b)))
-    lines.append("")
-    k2_runs = [r for r in rows if int(r["k"]) == 2 and r.get("split_rounds") not in (None, "")]
-    if k2_runs:
-        split = sum(int(r["split_rounds"]) * 2 > int(r["rounds"]) for r in k2_runs)
-        lines.append(
-            f"k = 2 split the users between its two hypotheses in more than half of the rounds "
-            f"in {split} of {len(k2_runs)} runs (`split_rounds`). Rotation alone does not force "
-            "the split: one CNN learns both orientations, and once one hypothesis is better for "
-            "every user, every client keeps choosing it (IFCA's collapse; an empty cluster keeps "
-            "its hypothesis). k = 2 is ahead of k = 1 when it splits; when it collapses it is "
-            "k = 1 with another trajectory. Where the groups need different models (the parity "
-            "labels of the fairness experiment, Fig. 2.8) k = 2 splits in every run and wins "
-            "without noise.")
-    return [*lines, "", TEXT["accuracy-2"]]
-
-
-def _leakage(rows: list[dict[str, str]]) -> list[str]:
-    lines = [
-        TEXT["leakage-1"],
-        "",
-        *leakage.paper_table(),
-        "",
-        "**Ours, digits** (the federations of accuracy-vs-nu; n = 83,562, so each release costs "
-        "n/ν; median and max over all 50 users, each mean ± 95 % Student-t half-width over "
-        "seeds):",
-        "",
-        *leakage.table(rows, "digits"),
-        "",
-    ]
-    hospital = leakage.table(rows, "hospital")
-    if hospital:
-        lines += ["**Ours, hospital** (`--data-path`):", "", *hospital, ""]
-    else:
-        lines += ["The hospital table needs the CMS CSV, which this machine does not have: "
-                  "`python -m experiments leakage --data-path <Inpatient CSV>` adds it.", ""]
-    lines += [
-        TEXT["leakage-2"],
-    ]
-    return lines
-
-
-def _fairness(rows: list[dict[str, str]]) -> list[str]:
-    def wins_line(subset: list[dict[str, str]]) -> list[str]:
-        out = []
-        nus = sorted({float(r["nu"]) for r in subset})
-        for metric in fairness.METRICS:
-            diffs = [paired_difference(fairness.by_seed(subset, metric, nu, 2),
-                                       fairness.by_seed(subset, metric, nu, 1)) for nu in nus]
-            lower = sum(excludes_zero(*d) and d[0] < 0 for d in diffs)
-            higher = sum(excludes_zero(*d) and d[0] > 0 for d in diffs)
-            detail = "; ".join(f"ν = {nu:g}: {verdict(*d)}" for nu, d in zip(nus, diffs,
-                                                                               strict=True))
-            out.append(f"- {fairness.LABELS[metric]}, k = 2 − k = 1: lower (the interval "
-                       f"below 0) at {lower} of {len(nus)} ν, higher at {higher}, "
-                       f"undecided at {len(nus) - lower - higher} ({detail}).")
-        if len(nus) > 1:
-            lo, hi = nus[0], nus[-1]
-            for metric in fairness.METRICS:
-                out.append("- " + _claim(
-                    f"{fairness.LABELS[metric]} deteriorates as ν grows (k = 2: ν = {hi:g} − "
-                    f"ν = {lo:g})", *paired_difference(fairness.by_seed(subset, metric, hi, 2),
-                                                      fairness.by_seed(subset, metric, lo, 2))))
-        return out
-
-    synthetic = [r for r in rows if r.get("dataset", "synthetic") == "synthetic"]
-    digits = [r for r in rows if r.get("dataset") == "digits"]
-    lines = [
-        TEXT["fairness-1"],
-        "",
-    ]
-    if synthetic:
-        lines += [f"**Ours, synthetic (Fig. 2.7)** ({CI_NAME}; lower is fairer):", "",
-                  *fairness.table(synthetic), "", *wins_line(synthetic), ""]
-    if digits:
-        lines += [f"**Ours, 8×8 digits with parity labels (Fig. 2.8)** ({CI_NAME}):",
-                  "", *fairness.table(digits), "", *wins_line(digits), ""]
-    lines += [
-        TEXT["fairness-2"],
-    ]
-    return lines
-
-
-def _budgets(rows: list[dict[str, str]]) -> list[str]:
-    lines = [
-        "**Paper (002 §5.2.2 and §5.3.2).** Personalized scenario, accuracy gains over the "
-        "arithmetic mean A, in points:",
-        "",
-        "| data set | B (weighted) − A | C (probability) − A | accuracy without noise |",
-        "| --- | --- | --- | --- |",
-    ]
-    for data, g in personalized_budgets.PAPER_GAINS.items():
-        lines.append(f"| {data} | {fmt(g.get('B'))} | {fmt(g.get('C'))} | "
-                     f"{fmt(g.get('no noise'))} % |")
-    lines += [
-        "",
-        TEXT["budgets-1"],
-        "",
-        TEXT["budgets-2"],
-        "",
-        *personalized_budgets.table(rows),
-        "",
-    ]
-    lines += ["Does 002's improvement reproduce? Each difference paired by seed, mean [95 % "
-              "Student-t interval]:", ""]
-    names = {"B": "B (weighted) beats A (mean)", "C": "C (probability) beats A (mean)"}
-    for panel in dict.fromkeys(r["panel"] for r in rows):
-        accuracies = personalized_budgets.gains(rows, panel)
-        for (accounting, budgets), diff in personalized_budgets.differences(rows,
-                                                                            panel).items():
-            by = accuracies[accounting, budgets]
-            for method, d in diff.items():
-                seeds = [s for s in by[method] if s in by["A"]]
-                above = sum(by[method][s] > by["A"][s] for s in seeds)
-                # The count beside the interval: one seed's collapse of A widens the t
-                # interval past 0 even when every seed orders the two the same way.
-                lines.append("- " + _claim(f"{panel}, {accounting}, ε = ({budgets}): "
-                                           f"{names[method]}", *d)
-                             + f" Above A in {above} of {len(seeds)} seeds.")
-    return [*lines, "", TEXT["budgets-3"]]
-
-
-def _dlg(rows: list[dict[str, str]]) -> list[str]:
-    images = len({r["image"] for r in rows})
-    lines = [TEXT["dlg-1"], "", TEXT["dlg-2"], ""]
-    for mode in dlg_audit.MODES:
-        if not any(r["mode"] == mode for r in rows):
-            continue
-        lines += [f"**{mode}** ({TEXT['dlg-' + mode]}). The strongest attack per ν; "
-                  f"{dlg_audit.INTERVAL} ({images} images):", "",
-                  *dlg_audit.strongest_table(rows, mode), "",
-                  f"Each attack alone ({mode}): mean PSNR / recognised fraction over the "
-                  f"{images} images.", "", *dlg_audit.attacks_table(rows, mode), ""]
-    lines += [TEXT["dlg-4"], "", *dlg_audit.conclusions(rows)]
-    return [*lines, "", TEXT["dlg-3"]]
-
-
-def _scale(rows: list[dict[str, str]]) -> list[str]:
-    return [
-        "**Target (issue 4).** At least 1,000 virtual users with 100 per round on the "
-        "synthetic task, on one machine; report rounds per minute and peak memory.",
-        "",
-        "**Ours** (peak RSS summed over the whole process tree: launcher, SuperLink, "
-        "simulation process, Ray and its workers, sampled every 0.5 s with psutil):",
-        "",
-        *scale.table(rows),
-        "",
-        TEXT["scale-1"],
-    ]
-
-
 def _differences() -> list[str]:
     return [
         "## What differs from the papers, and why (summary)",
         "",
-        TEXT["differences-1"],
-        TEXT["differences-2"],
-        TEXT["differences-3"],
-        TEXT["differences-4"],
-        TEXT["differences-5"],
+        _DIFFERENCES[0],
+        _DIFFERENCES[1],
+        _DIFFERENCES[2],
+        _DIFFERENCES[3],
+        _DIFFERENCES[4],
     ]
-

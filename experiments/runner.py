@@ -1,7 +1,7 @@
 """The one loop every experiment runs: a grid of configurations, a measurement each, a table.
 
 An experiment module declares itself as an `Experiment` and holds nothing else than its grid,
-its measurement, its table and its figures:
+its measurement, its table, its figures and its section of docs/RESULTS.md:
 
 * ``grid(ctx)`` lists the configurations (`Cell`) in the order they run;
 * ``perform(ctx, cell)`` runs one of them; by default `Context.run` on the cell's federation,
@@ -9,7 +9,10 @@ its measurement, its table and its figures:
 * ``measure(cell, result)`` turns the result into the ``results.csv`` row of that cell;
 * ``shown`` names the columns that a finished cell's progress line shows;
 * ``figures(ctx, rows, runs)`` draws the PNGs from the rows (as read back from ``results.csv``,
-  so a figure shows what the CSV holds) and, where a figure needs more, from the results.
+  so a figure shows what the CSV holds) and, where a figure needs more, from the results;
+* ``report(rows)`` writes the experiment's section of docs/RESULTS.md from its rows (the
+  papers' numbers, ours, the claims and what differs), and ``paper`` names what it reproduces
+  (`experiments.report` assembles the sections).
 
 `run` does the rest, the same way for every experiment: one configuration at a time, one
 progress line per finished configuration, ``results.csv`` with the declared ``columns``.
@@ -79,6 +82,11 @@ def _no_figures(ctx: Context, rows: list[dict[str, str]], runs: list[Run]) -> No
     """Draw nothing."""
 
 
+def _rows_only(rows: list[dict[str, str]]) -> list[str]:
+    """Say how many rows there are: an experiment without a section of its own."""
+    return [f"{len(rows)} rows in its `results.csv`."]
+
+
 @dataclass(frozen=True)
 class Experiment:
     """What an experiment declares; `run` does the rest.
@@ -103,6 +111,12 @@ class Experiment:
     perform : callable
         ``perform(ctx, cell) -> result``: run one configuration (default: its federation,
         through the cache).
+    report : callable
+        ``report(rows) -> list of Markdown lines``: the experiment's section of
+        docs/RESULTS.md, from the rows of its ``results.csv`` (default: a line saying where
+        they are).
+    paper : str
+        What the experiment reproduces (a paper's figure or table), for the report's index.
     """
 
     name: str
@@ -113,6 +127,8 @@ class Experiment:
     shown: Sequence[str] = ()
     describe: Callable[[dict[str, Any], Any], str] | None = None
     perform: Callable[[Context, Cell], Any] = _perform_federation
+    report: Callable[[list[dict[str, str]]], list[str]] = _rows_only
+    paper: str = "-"
 
     def message(self, row: dict[str, Any], result: Any) -> str:
         """Return the progress message of a finished configuration."""

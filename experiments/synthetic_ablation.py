@@ -1,4 +1,4 @@
-"""Synthetic ablation: FedAvg, IFCA without noise and ours (seeds/001 §4.1, Figures 1 and 2).
+"""Synthetic ablation: FedAvg, IFCA without noise and ours (001 §4.1, Figures 1 and 2).
 
 The paper's setting: 100 users with 10 samples each from y = xᵀθ*_g + u, θ*_1 = (5, 6),
 θ*_2 = (4, −4.5); U = 7 users per round, E = 1, s = 0.1, B = 10; hypotheses drawn from N(0, I).
@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from experiments.claims import claim, flow
 from experiments.common import Context, FederationSpec
 from experiments.figures import decorate, pyplot, save
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import mean_pm_ci, spends_of
+from experiments.tables import CI_NAME, fmt, mean_pm_ci, paired_difference, spends_of
 from server.results import optima_distances
 
 NAME = "synthetic-ablation"
@@ -261,5 +262,66 @@ def _span(rows: list[dict[str, str]], key: str) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
+# --------------------------------------------------------------------------- report
+
+_TEXT_1 = flow("""
+**Paper (001 §4.1, appendix; 000 §5.1).** 100 users × 10 samples, U = 7 per round, E = 1, s =
+0.1, B = 10, ν = 5, patience 6. FedAvg "settles somewhere in between the optimal parameters"
+(Fig. 1b); with IFCA "the optimized clients parameters almost overlap the optimal parameters"
+(Fig. 1e); with ours "in just a few rounds of training the process converges to values very
+close to the two optimal parameters" (Fig. 1h). Each release costs n/ν = 2/5 = 0.4; "the
+maximum composed value of the privacy leakage was 2.4" (000).
+""")
+_TEXT_2 = flow("""
+**Differences.** (1) Rounds: the paper's patience of 6 rounds stops our ν = 5 runs long before
+the optima (the validation loss under noise is not monotone), so we run 300 rounds (quick) or
+up to 300 with a patience of 40 (full), and deliver the best validation round. (2) Leakage:
+the maximum composed spend here is {spend} (Σ ε·r = 0.4 × releases) against the paper's 2.4,
+because our runs are longer: 7 of 100 users per round over up to 300 rounds gives ~20 releases
+per user on average, the paper's short run ~6 at most. The per-release cost, 0.4, is the
+paper's. (3) Figure 2's clusters are the users' true groups (the server never learns a
+client's cluster).
+""")
+
+
+def report_section(rows: list[dict[str, str]]) -> list[str]:
+    """Write this experiment's section of docs/RESULTS.md from its rows."""
+    ours = [r for r in rows if r["method"] == "ours"]
+    fedavg = [r for r in rows if r["method"] == "fedavg"]
+    ok = sum(float(r["max_dist"]) <= 0.5 for r in ours)
+    fed_ok = sum(float(r["max_dist"]) <= 0.5 for r in fedavg)
+    spend = [float(r["max_spend"]) for r in ours if r["max_spend"]]
+    rounds = sorted({r["rounds"] for r in rows})
+
+    def by(method: str) -> dict[int, float]:
+        return {int(r["seed"]): float(r["max_dist"]) for r in rows
+                if r["method"] == method and r["max_dist"] not in ("", "nan")}
+
+    return [
+        _TEXT_1,
+        "",
+        "**Ours.** Distances are from each optimum θ* to the nearest delivered hypothesis (those "
+        f"of the best validation round), {CI_NAME}:",
+        "",
+        *table(rows),
+        "",
+        f"Ours ends within 0.5 of both optima in {ok} of {len(ours)} seeds, FedAvg in "
+        f"{fed_ok} of {len(fedavg)} (one hypothesis cannot be near two optima 11.5 apart: it "
+        "stays between them, as in Fig. 1b). Rounds run: "
+        f"{', '.join(rounds)}.",
+        "",
+        "Claims, as differences paired by seed, mean [95 % Student-t interval]:",
+        "",
+        "- " + claim("ours ends nearer both optima than FedAvg (max distance, ours − FedAvg)",
+                      *paired_difference(by("ours"), by("fedavg")), expect=-1),
+        "- " + claim("the noise costs ours distance against IFCA without noise (max distance, "
+                      "ours − IFCA)", *paired_difference(by("ours"), by("ifca")), expect=1),
+        "",
+        _TEXT_2.format(
+            spend=fmt(max(spend) if spend else math.nan)),
+    ]
+
+
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
-                        shown=("dist_opt1", "dist_opt2", "best_val_loss", "best_round"))
+                        shown=("dist_opt1", "dist_opt2", "best_val_loss", "best_round"),
+    report=report_section, paper="001 §4.1, Fig. 1-2")

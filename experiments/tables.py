@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import csv
+import io
 import math
-import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from scipy import stats
+
+from mechanisms.atomic_file import write_atomic
 
 #: The confidence level of every interval the tables and the report print.
 CI_LEVEL = 0.95
@@ -39,14 +41,13 @@ def write_csv(path: Path, rows: Sequence[Mapping[str, Any]], columns: Sequence[s
         extra = sorted(set(row) - set(columns))
         if extra:
             raise ValueError(f"row has keys that are not columns of {path.name}: {extra}")
-    # Written beside and renamed: an interrupted run never leaves half a results.csv.
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="raise")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(row.get(k)) for k in columns})
-    os.replace(tmp, path)
+    # Atomic: an interrupted run never leaves half a results.csv.
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), extrasaction="raise")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: _cell(row.get(k)) for k in columns})
+    write_atomic(path, buffer.getvalue(), durable=False, mode=0o644)
     return path
 
 

@@ -55,6 +55,7 @@ from typing import Any
 
 from mechanisms._validation import check_open_unit
 from mechanisms.accountant import LedgerEntry
+from mechanisms.atomic_file import write_atomic
 from mechanisms.events import event_from_dict
 from mechanisms.ledger_errors import LedgerCorruptError, LedgerMissingError, LedgerRollbackError
 
@@ -68,10 +69,6 @@ VERSION = 1
 # truncation that a crash could leave half done).
 _GENERATION_RECORD = re.compile(rb"gpfl-privacy-ledger generation (\d{20})\n")
 _GENERATION_TEMPLATE = "gpfl-privacy-ledger generation {:020d}\n"
-
-# The temporary is created exclusively, never through a link someone put in its place.
-_TEMPORARY_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-
 
 @dataclass(frozen=True)
 class LedgerState:
@@ -208,23 +205,7 @@ class LedgerStore:
         # A temporary still there was left by a writer killed mid-write (under the lock no
         # other writer runs): removed, so that the exclusive create below cannot fail on it.
         self._remove_stale_temporaries()
-        tmp = self.temporary_path
-        fd = os.open(tmp, _TEMPORARY_FLAGS, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with _suppress_os_error():
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomic(self.path, payload, temporary=self.temporary_path)
         # After the ledger, never before: a crash in between leaves the record one
         # behind the file, which reads as a valid ledger, never as a rollback.
         _write_generation(lock_fd, state.generation)

@@ -1,10 +1,9 @@
 """The server's checkpoint: what a run needs to continue after its last completed round.
 
-After every completed round the ServerApp writes ``<out-dir>/checkpoint.npz`` atomically (a
-temporary file in the same folder, flushed and fsynced, then ``os.replace``d over the old one, and
-the folder fsynced), so a reader, or a resumed run, sees either the previous round's checkpoint or
-this one, never a mix: killing the SuperLink or the ServerApp at any moment loses at most the
-round in flight.
+After every completed round the ServerApp writes ``<out-dir>/checkpoint.npz`` atomically and
+durably (:func:`mechanisms.atomic_file.write_atomic`, as the privacy ledger), so a reader, or a
+resumed run, sees either the previous round's checkpoint or this one, never a mix: killing the
+SuperLink or the ServerApp at any moment loses at most the round in flight.
 
 One ``.npz`` file (NumPy's zip of arrays, read back with ``allow_pickle=False``):
 
@@ -21,15 +20,16 @@ must match (:func:`check_identity`).
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mechanisms.atomic_file import write_atomic
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -89,25 +89,11 @@ def write_checkpoint(
     if _STATE in arrays:
         raise ValueError(f"an array may not be named {_STATE!r}")
     payload = json.dumps({"format": FORMAT, **state}).encode("utf-8")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            named = {_STATE: np.frombuffer(payload, dtype=np.uint8), **arrays}
-            savez: Any = np.savez  # its keyword stubs cannot take a dict of arrays
-            savez(fh, **named)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    # The rename itself must reach the disk for the new file to survive a power cut.
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    buffer = io.BytesIO()
+    named = {_STATE: np.frombuffer(payload, dtype=np.uint8), **arrays}
+    savez: Any = np.savez  # its keyword stubs cannot take a dict of arrays
+    savez(buffer, **named)
+    write_atomic(path, buffer.getvalue())
 
 
 def read_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:

@@ -4,68 +4,33 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 
 def parse_pairs(text: str, what: str) -> dict[str, Any]:
-    """Parse ``"k1=v1 k2=v2"`` with TOML values as Flower does, but bare words are strings.
-
-    The line is split as a shell would (``out-dir="my runs"`` is one pair, its quotes gone);
-    each pair is then read by Flower's own `flwr.common.config.parse_config_args`, so ``3``,
-    ``2.5``, ``true`` mean here what they mean to ``flwr run --run-config``. Where Flower's
-    reading differs, this keeps the reading a command line typed by hand wants:
-
-    * a value that is not a TOML value (``x=abc``, ``optima=5,6;4,-4.5``) is the string, where
-      Flower rejects the whole line; so is a TOML value that no Flower config holds (an array,
-      a date);
-    * a value that Flower would split into several pairs (``out-dir="a b=1"``), or that ends in
-      ``.toml`` (``policy-file=/etc/gpfl/policy.toml``: Flower reads a file of pairs), is the
-      string;
-    * an item without ``=`` is an error naming the option (``what``), where Flower skips it.
-
-    Parameters
-    ----------
-    text : str
-        Space-separated ``key=value`` pairs.
-    what : str
-        The option, for the error message (``"--run-config"``).
-
-    Returns
-    -------
-    dict[str, Any]
-        Key to value (a later pair wins).
+    """Read ``"k1=v1 k2=v2"`` or a ``FILE.toml``, in gpfl's one grammar (:mod:`settings.pairs`).
 
     Raises
     ------
     SystemExit
         Naming ``what`` and the item when an item is not ``key=value``.
     """
-    import click
-    from flwr.common.config import parse_config_args
+    from settings.pairs import PairsError, read_settings
 
-    out: dict[str, Any] = {}
-    for item in shlex.split(text):
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"gpfl: {what} expects key=value pairs, got {item!r}")
-        key = key.strip()
-        value: Any = raw
-        if not raw.endswith(".toml"):
-            try:
-                parsed = parse_config_args([f"{key}={raw}"])
-            except (click.ClickException, ValueError):
-                parsed = {}  # not a TOML value Flower takes (a bare word, an array)
-            if parsed.keys() == {key}:  # else Flower split a value holding spaces into pairs
-                value = parsed[key]
-        out[key] = value
-    return out
+    try:
+        return read_settings(text, what)
+    except PairsError as err:
+        raise SystemExit(f"gpfl: {err}") from None
 
 
 def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
-    """``--node-config "3:cap-d-privacy=0.8 epsilon=1"`` → {3: {...}}."""
+    """``--node-config '3:cap-d-privacy=0.8 mechanisms="gaussian"'`` → {3: {...}}.
+
+    The part after ``INDEX:`` is read as ``gpfl supernode --node-config`` reads its argument
+    (:func:`parse_pairs`: items or a ``FILE.toml``).
+    """
     out: dict[int, dict[str, Any]] = {}
     for item in items:
         index, sep, rest = item.partition(":")
@@ -85,8 +50,6 @@ _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls
 
 
 def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    from flwr.common.config import parse_config_args
-
     from server.rundir import resume_arguments
 
     run_config: dict[str, Any] = {}
@@ -103,8 +66,7 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
         return kwargs
     policy: dict[str, Any] = {}
     for text in args.policy:
-        policy.update(parse_config_args([text]) if text.endswith(".toml")
-                      else parse_pairs(text, "--policy"))
+        policy.update(parse_pairs(text, "--policy"))
     from server.quickstart import QUICKSTART_SUPERNODES, quickstart_run_config
 
     supernodes = QUICKSTART_SUPERNODES if args.supernodes is None else args.supernodes

@@ -22,7 +22,7 @@ from typing import Any
 
 from server.certs import TlsFiles
 from server.processes import ProcessSet, bin_dir, child_env
-from settings.render import toml_value
+from settings.pairs import format_pairs
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | Non
 
 def node_config_arg(config: Mapping[str, Any]) -> str:
     """Format a SuperNode's ``--node-config`` argument."""
-    return " ".join(f"{k}={toml_value(v)}" for k, v in config.items())
+    return format_pairs(config)
 
 
 @dataclass
@@ -217,8 +217,7 @@ class Federation:
         """``flwr run <app> <connection> --stream``; returns the streaming process."""
         argv = [str(bin_dir() / "flwr"), "run", str(app_dir), CONNECTION, "--stream"]
         if run_config:
-            argv += ["--run-config", " ".join(f"{k}={toml_value(v)}"
-                                              for k, v in run_config.items())]
+            argv += ["--run-config", format_pairs(run_config)]
         self.logs.mkdir(parents=True, exist_ok=True)
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -1,6 +1,6 @@
 """What ``gpfl launch`` runs when it is told nothing: a federation that finds both groups.
 
-The app's own run-config defaults (``pyproject.toml``) are the paper's setting (seeds/001 §4.1:
+The app's own run-config defaults (``pyproject.toml``) are the paper's setting (001 §4.1:
 7 of 100 users a round, one local epoch). Under its privacy (Euclidean Laplace, ν = 5) every
 release carries noise about 6× the size of the update it hides (E‖noise‖ = ν‖δ‖, Gamma(n)
 radius), so an aggregate of 7 releases moves the hypotheses mostly at random and the groups

@@ -13,9 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from mechanisms.atomic_file import write_atomic
 from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 
 logger = logging.getLogger(__name__)
@@ -165,21 +164,12 @@ def _jsonable(value: Any) -> Any:
 
 
 def write_json_atomic(path: Path, data: Any, indent: int | None = 2) -> None:
-    """Write JSON so that a reader never sees a half-written file (temp file, os.replace).
+    """Write JSON atomically and durably (:func:`mechanisms.atomic_file.write_atomic`).
 
     ``indent=None`` writes it on one line with the standard library's C encoder, many times
     faster than the pure-Python one that any indent needs (for files of ~10⁵ numbers).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(_jsonable(data), indent=indent))
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(_jsonable(data), indent=indent) + "\n")
 
 
 def history_entry(record: Any) -> dict[str, Any]:

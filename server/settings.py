@@ -2,8 +2,8 @@
 
 Each key is checked against its one declaration (:mod:`settings.schema`): unknown keys, keys the
 device owns and bad values are refused with a message naming the key, the value and what is
-allowed. This module adds the checks that span several keys. What each device applies is its own
-business (:mod:`client.policy`): the server cannot know the devices' bounds.
+allowed; the checks that span several keys are :mod:`settings.rules`. What each device applies
+is its own business (:mod:`client.policy`): the server cannot know the devices' bounds.
 """
 
 from __future__ import annotations
@@ -14,12 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from settings import SettingError, check_run_config
+from settings.rules import check_run_rules
 
 __all__ = ["RunSettings", "SettingError"]
-
-#: Aggregations that weigh releases by the noise σ their clients declare.
-_NEEDS_SIGMA = ("weighted", "probability", "inverse-variance")
-
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -53,26 +50,7 @@ class RunSettings:
         """
         v = check_run_config(run_config)
         k, mechanism, aggregation = v["num-hypotheses"], v["mechanism"], v["aggregation"]
-        if mechanism == "sign" and k != 1:
-            raise SettingError(
-                "the sign mechanism releases signs, which cannot be clustered: it needs "
-                f"num-hypotheses=1, got num-hypotheses={k}"
-            )
-        declares_sigma = mechanism in ("gaussian", "sign") or (
-            mechanism == "laplace" and v["calibration"] == "fixed"
-        )
-        if aggregation in _NEEDS_SIGMA and not declares_sigma:
-            raise SettingError(
-                f"aggregation={aggregation!r} weighs clients by their declared noise σ, which "
-                f"mechanism={mechanism!r} (calibration={v['calibration']!r}) does not declare "
-                "(under the neighbourhood calibration σ would reveal ‖δ‖); use "
-                "aggregation='mean', or a gaussian, sign or fixed-calibration laplace mechanism"
-            )
-        if v["min-replies"] > v["clients-per-round"]:
-            raise SettingError(
-                f"min-replies={v['min-replies']} can never be reached with clients-per-round="
-                f"{v['clients-per-round']}: a round gets at most clients-per-round replies"
-            )
+        check_run_rules(v)
         seed = v["seed"]
         return cls(
             task=v["task"],

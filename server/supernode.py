@@ -25,14 +25,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-import tomllib
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -43,38 +40,28 @@ __all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "supern
 #: The port of the SuperNode's Runtime API when none is given (Flower's default).
 DEFAULT_PORT = 9094
 _PR_SET_PDEATHSIG = 1
-# Flower's own `--node-config` grammar (flwr.common.config.parse_config_args), kept here so that
-# a bad node config fails before flwr (~0.7 s to import) is even loaded.
-_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
-
-
 class NodeConfigError(ValueError):
     """The device's node config or policy is invalid; nothing was started."""
 
 
 def parse_node_config(text: str) -> dict[str, Any]:
-    """Parse ``--node-config`` exactly as ``flower-supernode`` does (TOML values).
+    """Parse ``--node-config`` in gpfl's one grammar (:mod:`settings.pairs`).
+
+    It reads every node config ``flower-supernode`` reads to the same values, and also takes
+    bare words as strings (``mechanisms=gaussian``), as ``gpfl launch --node-config`` does;
+    :func:`supernode_argv` hands Flower the parsed values back in Flower's own grammar.
 
     Raises
     ------
     NodeConfigError
-        A value that is not TOML (e.g. an unquoted word), naming the pair.
+        An item that is not ``key=value``, or a ``FILE.toml`` that cannot be read.
     """
-    if text.strip().endswith(".toml"):
-        try:
-            with Path(text.strip()).expanduser().open("rb") as fh:
-                return dict(tomllib.load(fh))
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise NodeConfigError(f"--node-config {text}: {err}") from None
-    out: dict[str, Any] = {}
-    for key, raw in _PAIR.findall(text):
-        try:
-            out.update(tomllib.loads(f"{key} = {raw}"))
-        except tomllib.TOMLDecodeError:
-            raise NodeConfigError(
-                f"--node-config: {key}={raw} is not a TOML value (quote strings: "
-                f"{key}=\"{raw}\")") from None
-    return out
+    from settings.pairs import PairsError, read_settings  # stdlib only: no flwr
+
+    try:
+        return read_settings(text, "--node-config")
+    except PairsError as err:
+        raise NodeConfigError(str(err)) from None
 
 
 def check_device(node_config: dict[str, Any]) -> str:
@@ -133,7 +120,14 @@ def supernode_argv(args: argparse.Namespace) -> list[str]:
     if args.auth_supernode_public_key:
         argv += ["--auth-supernode-public-key", args.auth_supernode_public_key]
     if args.node_config:
-        argv += ["--node-config", args.node_config]
+        # A file is Flower's to read; items are handed over in Flower's strict grammar, so
+        # that flower-supernode reads the very values checked here (bare words quoted).
+        text = args.node_config.strip()
+        if not (text.endswith(".toml") and "=" not in text):
+            from settings.pairs import format_pairs
+
+            text = format_pairs(parse_node_config(text))
+        argv += ["--node-config", text]
     extra = list(args.flower_args or [])
     if extra[:1] == ["--"]:
         extra = extra[1:]

@@ -88,6 +88,11 @@ def _check_device(text: str) -> None:
 # ------------------------------------------------------------------------------ declarations
 _TASKS = ("synthetic", "fairness", "digits", "femnist", "hospital")
 MECHANISMS = ("laplace", "gaussian", "sign", "none")
+#: How a cluster's releases are weighted (strategies.aggregation implements each).
+AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
+#: Clipping of a Gaussian/sign update; mechanisms.clipping.CLIP_MODES implements these (mechanisms
+#: imports no gpfl package, so it keeps its own tuple; tests/test_settings_rules.py ties the two).
+CLIP_MODES = ("l2", "elementwise")
 
 _DECLARATIONS: tuple[Setting, ...] = (
     # -- the run ---------------------------------------------------------------------------------
@@ -107,8 +112,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
     # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
     # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an
-    # error, so the round ends then with the replies that arrived. 60 s is ~4x a real-process
-    # round here (12-16 s with 10 SuperNodes on 2 cores, docs/RESULTS.md) and ~25x a simulated
+    # error, so the round ends then with the replies that arrived. 60 s is ~8x a real-process
+    # round (7.6 s with 20 SuperNodes on 2 cores, docs/BENCHMARKS.md) and ~25x a simulated
     # round of 100 clients: honest devices are not cut off, and a stuck one costs one minute.
     Setting("round-timeout", float, 60.0,
             "seconds a round waits for replies (and, before it starts, for min-replies devices "
@@ -165,7 +170,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("clip", float, 1.0, "gaussian/sign: the clipping bound C of the update",
             group="privacy", minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("clip-mode", str, "l2", "gaussian/sign: clip the L2 norm, or each coordinate",
-            group="privacy", choices=("l2", "elementwise")),
+            group="privacy", choices=CLIP_MODES),
     Setting("planned-releases", int, 0,
             "gaussian/sign: releases the epsilon target is spread over (0 = num-rounds)",
             group="privacy", minimum=0, maximum=MAX_COUNT),
@@ -179,7 +184,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             device_default=10.0, unset=0.0, group="privacy", minimum=0.0),
     # -- aggregation -----------------------------------------------------------------------------
     Setting("aggregation", str, "mean", "how a cluster's releases are weighted",
-            group="aggregation", choices=("mean", "weighted", "probability", "inverse-variance")),
+            group="aggregation", choices=AGGREGATIONS),
     Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
             group="aggregation", minimum=0.0, open_minimum=True),
     # -- tasks -----------------------------------------------------------------------------------
@@ -198,7 +203,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("rotate-probability", float, 0.5,
             "digits, femnist: probability that a user's images are rotated", group="tasks",
             minimum=0.0, maximum=1.0),
-    Setting("model", str, "cnn", "digits: the Table 3 CNN or seeds/002's logistic regression",
+    Setting("model", str, "cnn", "digits: the Table 3 CNN or 002's logistic regression",
             group="tasks", choices=("cnn", "logistic")),
     Setting("partition", str, "contiguous", "digits: equal slices or a Dirichlet label skew",
             group="tasks", choices=("contiguous", "dirichlet")),

@@ -24,10 +24,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from settings.declarations import _DECLARATIONS, MECHANISMS, SETTINGS, parse_optima
+from settings.declarations import (
+    _DECLARATIONS,
+    AGGREGATIONS,
+    CLIP_MODES,
+    MECHANISMS,
+    SETTINGS,
+    parse_optima,
+)
 from settings.setting import Setting, SettingError
 
 __all__ = [
+    "AGGREGATIONS",
+    "CLIP_MODES",
     "FLOWER_NODE_KEYS",
     "MECHANISMS",
     "SETTINGS",

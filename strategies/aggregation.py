@@ -49,9 +49,9 @@ import logging
 
 import numpy as np
 
-__all__ = ["AGGREGATIONS", "budget_weights", "check_aggregation", "cluster_means", "sign_step"]
+from settings import AGGREGATIONS  # declared once, with the setting
 
-AGGREGATIONS: tuple[str, ...] = ("mean", "weighted", "probability", "inverse-variance")
+__all__ = ["AGGREGATIONS", "budget_weights", "check_aggregation", "cluster_means", "sign_step"]
 
 _LOG = logging.getLogger(__name__)
 # Modes for which the σ = 0 warning has been logged in this process (one line per mode, not per

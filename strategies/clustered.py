@@ -45,6 +45,8 @@ from flwr.common import FitIns, FitRes, Parameters, Scalar, ndarrays_to_paramete
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from settings import SETTINGS
+from settings.rules import check_sign_single_model
 from strategies.aggregation import check_aggregation, cluster_means, sign_step
 from strategies.clustering import assign_clusters
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
@@ -64,6 +66,8 @@ RELEASES: tuple[str, ...] = ("parameters", "sign")
 _RESERVED_CONFIG = ("num-hypotheses", "server-round")
 #: Version of :meth:`ClusteredStrategy.state`'s layout, and its keys in the order written.
 STATE_VERSION = 1
+# The run settings' defaults are the declarations' (settings.declarations), never restated here.
+_DEFAULTS = {s.name: s.default for s in SETTINGS.values() if s.owner != "device"}
 _STATE_KEYS = ("version", "round", "shapes", "rounds_completed", "best_loss", "best_round",
                "stale_evaluations", "stopped_early", "rng", "clients", "screen", "history")
 
@@ -102,6 +106,7 @@ class ClusteredStrategy(RecordedStrategy):
         Validate after every ``eval_every``-th round (and always in round 0).
     patience : int
         Stop after this many consecutive validations without a new best loss (0 = never).
+        Each run setting's default is its declaration's (``docs/SETTINGS.md``).
     fit_config : dict, optional
         Extra entries sent in every ``FitIns.config``.
     rng : np.random.Generator, optional
@@ -138,15 +143,15 @@ class ClusteredStrategy(RecordedStrategy):
         *,
         initial_hypotheses: Sequence[Sequence[np.ndarray]],
         clients_per_round: int,
-        min_replies: int = 1,
-        round_timeout: float = 60.0,
+        min_replies: int = _DEFAULTS["min-replies"],
+        round_timeout: float = _DEFAULTS["round-timeout"],
         release: str = "parameters",
-        aggregation: str = "mean",
-        server_learning_rate: float = 0.01,
+        aggregation: str = _DEFAULTS["aggregation"],
+        server_learning_rate: float = _DEFAULTS["server-learning-rate"],
         norm_limits: NormLimits | None = None,
         evaluate_fn: EvaluateFn | None = None,
-        eval_every: int = 1,
-        patience: int = 0,
+        eval_every: int = _DEFAULTS["eval-every"],
+        patience: int = _DEFAULTS["patience"],
         fit_config: Mapping[str, Scalar] | None = None,
         rng: np.random.Generator | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
@@ -162,11 +167,7 @@ class ClusteredStrategy(RecordedStrategy):
             raise ValueError(
                 f"release must be one of {', '.join(RELEASES)}; got release={release!r}"
             )
-        if release == "sign" and k != 1:
-            raise ValueError(
-                "release='sign' updates a single model: num-hypotheses must be 1, "
-                f"got num-hypotheses={k}"
-            )
+        check_sign_single_model(release, k)  # release "sign" is the sign mechanism's
         if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
             raise ValueError(
                 "server_learning_rate must be positive and finite, "

@@ -30,6 +30,8 @@ from typing import Any
 import numpy as np
 from flwr.common import ndarray_to_bytes
 
+from settings import MECHANISMS
+
 __all__ = [
     "MAX_EXAMPLES",
     "SPEND_KEYS",
@@ -58,7 +60,6 @@ MAX_TEXT = 500
 _HEADER_SLACK = 64
 
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
-_MECHANISMS = ("laplace", "gaussian", "sign", "none")
 
 
 @dataclass(frozen=True)
@@ -157,8 +158,8 @@ def parse_metrics(
             values[key] = count
     said = metrics.get("mechanism")
     if said is not None:
-        if said not in _MECHANISMS:
-            return f"metric 'mechanism' must be one of {', '.join(_MECHANISMS)}, got " \
+        if said not in MECHANISMS:
+            return f"metric 'mechanism' must be one of {', '.join(MECHANISMS)}, got " \
                    f"{_short(said)}"
         if mechanism is not None and not declined and said != mechanism:
             return f"released with mechanism {said!r}, the run asks for {mechanism!r}"

@@ -6,31 +6,41 @@ training loop, so every task shuffles and batches alike and reports a bad argume
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from settings import SETTINGS, SettingError
+
 __all__ = ["Schedule", "check_training_args", "minibatches"]
 
 
+#: Each argument of local training and the setting that declares its bounds.
+_DECLARED = {"epochs": "local-epochs", "learning_rate": "learning-rate", "batch_size": "batch-size"}
+
+
 def check_training_args(epochs: int, learning_rate: float, batch_size: int) -> None:
-    """Raise ``ValueError`` naming the argument when a training setting is out of range."""
-    if isinstance(epochs, bool) or not isinstance(epochs, int | np.integer) or epochs < 1:
-        raise ValueError(f"epochs must be a positive integer, got epochs={epochs!r}")
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, int | np.integer)
-        or batch_size < 1
-    ):
-        raise ValueError(f"batch_size must be a positive integer, got batch_size={batch_size!r}")
-    if not (isinstance(learning_rate, int | float) and math.isfinite(learning_rate)) or (
-        learning_rate <= 0
-    ):
-        raise ValueError(
-            f"learning_rate must be a positive finite number, got learning_rate={learning_rate!r}"
-        )
+    """Raise ``ValueError`` naming the argument when it is outside its setting's declared bounds.
+
+    The bounds are the declarations' (``local-epochs``, ``learning-rate``, ``batch-size`` in
+    :mod:`settings.declarations`); an argument must also be a number of the setting's type (an
+    integer for the integer settings), not its spelling in a string.
+    """
+    for arg, value in (("epochs", epochs), ("learning_rate", learning_rate),
+                       ("batch_size", batch_size)):
+        declared = SETTINGS[_DECLARED[arg]]
+        number = value.item() if isinstance(value, np.generic) else value
+        kinds = int if declared.type is int else int | float
+        ok = isinstance(number, kinds) and not isinstance(number, bool)
+        if ok:
+            try:
+                declared.parse(number)
+            except SettingError:
+                ok = False
+        if not ok:
+            raise ValueError(f"{arg} must be {declared.allowed()} (the {declared.name} setting), "
+                             f"got {arg}={value!r}")
 
 
 def minibatches(

@@ -17,7 +17,7 @@ import torch
 from client.numpy_client import build_mechanism
 from client.policy import DevicePolicy
 from client.settings import ClientSettings
-from experiments import dlg, dlg_audit
+from experiments import dlg, dlg_attacks, dlg_audit, dlg_objectives
 from experiments.dlg import (
     CLIENT_DEFAULT_MODE,
     Effort,
@@ -32,7 +32,8 @@ from experiments.dlg import (
     run_attacks,
     victim,
 )
-from experiments.dlg_audit import COLUMNS, STRONGEST, check_profile, limits, mse, psnr, ssim
+from experiments.dlg_audit import COLUMNS, check_profile, mse, psnr, ssim
+from experiments.dlg_report import STRONGEST, limits
 from settings import federation_defaults
 
 TINY = Effort(restarts=2, lbfgs_evals=20, adam_steps=30)
@@ -180,10 +181,11 @@ def test_negative_log_likelihood_matches_the_laplace_density() -> None:
     candidates = torch.stack([torch.from_numpy(client.image), torch.full((8, 8), 0.3,
                                                                          dtype=torch.float64)])
     candidates = candidates.reshape(2, 1, 8, 8)
-    grads = dlg._flat(batched_gradients(obs.params, candidates, dlg._one_hot(client.label, 2)))
+    labels = dlg_attacks._one_hot(client.label, 2)
+    grads = dlg_objectives._flat(batched_gradients(obs.params, candidates, labels))
 
     # Execute
-    nll = dlg._negative_log_likelihood(obs, grads).numpy()
+    nll = dlg_objectives._negative_log_likelihood(obs, grads).numpy()
 
     # Assert: by hand, a candidate's update is δ = −s·g, its ε = n/(ν‖δ‖), and the release's
     # density is ∝ ε^n exp(−ε‖θ̂ − θ + s·g‖): −log p = −n log ε + ε‖θ̂ − θ + s·g‖ + const.
@@ -219,7 +221,8 @@ def test_restarts_are_chosen_by_the_attacks_own_objective() -> None:
                             ("prior", dlg.prior_objective(obs))):
         kept = three[name]
         image = torch.from_numpy(kept.image).reshape(1, 1, 8, 8)
-        grads = dlg._flat(batched_gradients(obs.params, image, dlg._one_hot(kept.label, 1)))
+        labels = dlg_attacks._one_hot(kept.label, 1)
+        grads = dlg_objectives._flat(batched_gradients(obs.params, image, labels))
         assert float(objective(image, grads)[0]) == pytest.approx(kept.loss, rel=1e-9)
         assert kept.loss <= one[name].loss
     with pytest.raises(ValueError, match="attack"):
@@ -288,7 +291,6 @@ def test_limits_are_read_from_the_intervals() -> None:
 def test_smoke_audit_reconstructs_without_noise_and_not_beyond_the_label_at_large_nu(
         tmp_path: Path) -> None:
     from experiments.cli import run_experiment
-    from experiments.report import _dlg
 
     # Execute: the smoke profile (3 images, nu in 0, 1, 10, both modes), as the CLI runs it.
     run_experiment("dlg", out=tmp_path, cache=tmp_path / "_runs", profile="smoke")
@@ -315,5 +317,5 @@ def test_smoke_audit_reconstructs_without_noise_and_not_beyond_the_label_at_larg
     for mode in dlg.MODES:
         assert (tmp_path / "figures" / f"dlg_reconstructions_{mode}.png").stat().st_size > 0
     assert (tmp_path / "figures" / "dlg_scores.png").stat().st_size > 0
-    report = "\n".join(_dlg(rows))
+    report = "\n".join(dlg_audit.EXPERIMENT.report(rows))
     assert "Student-t" in report and "whole-model" in report

@@ -28,6 +28,7 @@ from experiments.tables import (
     verdict,
     write_csv,
 )
+from settings import AGGREGATIONS
 
 
 def _summary(rounds: int = 3, params: int = 2) -> dict[str, Any]:
@@ -279,3 +280,16 @@ def test_meta_keeps_the_runtime_of_the_invocation_that_ran_the_federations(
     other = Context(name="x", out=tmp_path, cache=tmp_path / "_runs", profile="smoke")
     other.write_meta(time.monotonic())
     assert json.loads((tmp_path / "meta.json").read_text())["compute_s"] < 1
+
+
+def test_budget_aggregation_is_an_experiment_of_the_common_runner(tmp_path: Path) -> None:
+    from experiments import budget_aggregation as ba
+
+    ctx = Context(name=ba.NAME, out=tmp_path, cache=tmp_path / "_runs", seeds=[3])
+    cells = ba.grid(ctx, rounds=4)
+    assert [c.keys for c in cells] == [{"aggregation": a, "seed": 3} for a in AGGREGATIONS]
+    assert {c.spec.run_config["num-rounds"] for c in cells if c.spec} == {4}
+    row = ba.measure(cells[0], {"hypotheses": [[5.0, 9.0]], "best_val_loss": 1.5})
+    assert row == {"aggregation": "mean", "seed": 3, "val_rmse": 1.5, "distance": 3.0}
+    rows = [{**row, "seed": s, "val_rmse": str(v)} for s, v in ((0, 1.0), (1, 3.0))]
+    assert "| mean | 2.000 ± 1.414 | 3.000 ± 0.000 | |" in ba.EXPERIMENT.report(rows)

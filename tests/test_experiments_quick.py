@@ -154,7 +154,6 @@ def _cms_csv(path: Path) -> Path:
 
 @pytest.mark.timeout(200)
 def test_leakage_on_hospital_charges_when_a_csv_is_given(root: Path, tmp_path: Path) -> None:
-    pytest.importorskip("zipcodes")
     csv_path = _cms_csv(tmp_path / "Inpatient.csv")
     out = root / "leakage-hospital"
     run_experiment("leakage", out=out, cache=root / "_runs", profile="smoke",

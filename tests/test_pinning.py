@@ -73,8 +73,8 @@ def test_node_config_is_parsed_as_flower_parses_it() -> None:
 
     text = 'partition-id=1 num-partitions=3 client-name="client-1" cap-d-privacy=30.0'
     assert supernode.parse_node_config(text) == parse_config_args([text])
-    with pytest.raises(supernode.NodeConfigError, match='mechanisms="laplace"'):
-        supernode.parse_node_config("mechanisms=laplace")
+    with pytest.raises(supernode.NodeConfigError, match=r"^--node-config expects key=value"):
+        supernode.parse_node_config("partition-id=1 oops")
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -143,16 +143,24 @@ def test_gpfl_supernode_refuses_a_bad_node_config_before_starting_anything(
     no_leftover_processes: None
 ) -> None:
     import subprocess
-    import time
 
     from server.processes import bin_dir
 
-    started = time.monotonic()
     done = subprocess.run([str(bin_dir() / "gpfl"), "supernode", "--insecure", "--node-config",
                            'partition-id=0 mechanisms="laplace,bogus"'],
                           capture_output=True, text=True, timeout=60, check=False)
-    seconds = time.monotonic() - started
     assert done.returncode == 2
     assert "mechanisms='laplace,bogus'" in done.stderr and "nothing started" in done.stderr
-    # ~0.15 s on an idle machine (flwr is not even imported); generous for a loaded one.
-    assert seconds < 5, seconds
+
+
+def test_a_bad_node_config_is_refused_before_flower_is_imported() -> None:
+    # Why the refusal is quick: the node config is checked with settings and client.policy
+    # alone, before flwr (~0.7 s to import) is loaded. Checked in a fresh interpreter.
+    import subprocess
+
+    argv = ["supernode", "--insecure", "--node-config", 'mechanisms="bogus"']
+    probe = (f"import sys\nfrom server.cli import main\ncode = main({argv!r})\n"
+             "print(code, 'flwr' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr

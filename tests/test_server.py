@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import Mock
 
-import click
 import numpy as np
 import pytest
 from flwr.common.config import parse_config_args
@@ -153,20 +152,6 @@ def test_cli_pairs_read_toml_values_as_flower_does() -> None:
     line = 'num-rounds=3 noise-multiplier=2.5 task="digits" per-layer=true out-dir="my runs" a.b=-1'
     assert parse_pairs(line, "--run-config") == parse_config_args([line])
     assert parse_pairs(line, "--run-config")["out-dir"] == "my runs"
-
-
-def test_cli_pairs_differ_from_flower_where_documented() -> None:
-    # Bare words, values Flower would split or read as a file: kept as the text.
-    line = 'optima=5,6;4,-4.5 policy-file=/etc/gpfl/policy.toml out-dir="a b=1" x=[1,2]'
-    assert parse_pairs(line, "--policy") == {
-        "optima": "5,6;4,-4.5", "policy-file": "/etc/gpfl/policy.toml", "out-dir": "a b=1",
-        "x": "[1,2]"}
-    with pytest.raises(click.ClickException):
-        parse_config_args(["optima=5,6;4,-4.5"])
-    # An item without "=" is an error naming the option, where Flower skips it.
-    assert parse_config_args(["a=1 oops"]) == {"a": 1}
-    with pytest.raises(SystemExit, match=r"^gpfl: --policy expects key=value pairs, got 'oops'$"):
-        parse_pairs("a=1 oops", "--policy")
 
 
 def test_toml_values_the_launcher_writes_read_back_in_flower() -> None:

@@ -363,8 +363,20 @@ def test_a_resumed_run_reaches_the_same_hypotheses_as_an_uninterrupted_one(
     assert resumed.clients == whole.clients
     assert (resumed.best_loss, resumed.best_round, resumed.rounds_completed) == (
         whole.best_loss, whole.best_round, whole.rounds_completed)
-    assert resumed._rng.bit_generator.state == whole._rng.bit_generator.state
     assert resumed.last_round == 6
+    # The rng continues where the uninterrupted run's is: the next round samples the same
+    # devices (4 of 6, drawn from it), and aggregates to the same hypotheses.
+    assert not whole.stopped_early
+    next_whole = whole.configure_fit(7, Parameters([], ""), manager)
+    next_resumed = resumed.configure_fit(4, Parameters([], ""), manager)
+    assert len(next_whole) == 4
+    assert [p.cid for p, _ in next_resumed] == [p.cid for p, _ in next_whole]
+    for strategy, instructions, flower_round in ((whole, next_whole, 7),
+                                                 (resumed, next_resumed, 4)):
+        current = one_layer(strategy)
+        strategy.aggregate_fit(flower_round, [(p, device_reply(p.cid, 7, current))
+                                              for p, _ in instructions], [])
+    assert np.array_equal(one_layer(resumed), one_layer(whole))
 
 
 def test_restore_refuses_a_state_of_other_shapes() -> None:
