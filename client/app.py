@@ -6,6 +6,7 @@ per message. The task module imports torch only for tasks that need it.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,7 +28,9 @@ def client_fn(context: Context) -> Client:
     """Build the client of this node for one message."""
     policy = DevicePolicy.load(context.node_config)
     run_config = dict(context.run_config)
-    return GpflClient(device_task(run_config, policy), run_config, policy).to_client()
+    # Built only once the policy has accepted the run (the task's name, among the rest).
+    task = functools.partial(device_task, run_config, policy)
+    return GpflClient(task, run_config, policy).to_client()
 
 
 app = ClientApp(client_fn=client_fn)

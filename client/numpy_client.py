@@ -21,6 +21,7 @@ reaches the server as one fixed message (the details stay in the device's log).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -180,18 +181,28 @@ class GpflClient(NumPyClient):
 
     Parameters
     ----------
-    task : Task
-        The learning task (data, model, loss, local training).
+    task : Task or callable
+        The learning task (data, model, loss, local training), or a function that builds it.
     run_config : dict
         The run config as the server sent it (a request).
     policy : DevicePolicy
         The device's own settings and bounds.
     """
 
-    def __init__(self, task: Task, run_config: dict[str, Any], policy: DevicePolicy) -> None:
-        self.task = task
+    def __init__(self, task: Task | Callable[[], Task], run_config: dict[str, Any],
+                 policy: DevicePolicy) -> None:
+        # A factory is called on first use, after the policy accepted the run: a declined run
+        # builds no task, so no plugin code runs and no data is read.
+        self._task = task
         self.run_config = run_config
         self.policy = policy
+
+    @property
+    def task(self) -> Task:
+        """The learning task, built on first use when given as a factory."""
+        if not isinstance(self._task, Task):
+            self._task = self._task()
+        return self._task
 
     def get_parameters(self, config: dict[str, Any]) -> Arrays:
         """Return nothing: the server initialises the hypotheses."""
