@@ -36,8 +36,8 @@ from tasks.base import Dataset, Params, Task
 from tasks.config import TaskSettingsError
 
 __all__ = [
-    "ENTRY_POINT_GROUP",
     "BUILTIN_TASKS",
+    "ENTRY_POINT_GROUP",
     "Dataset",
     "Params",
     "Task",

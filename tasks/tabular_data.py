@@ -58,7 +58,7 @@ class Table:
         return int(self.x.shape[0])
 
     def rows(self, index: np.ndarray) -> Table:
-        """The rows ``index`` of this table."""
+        """Return the rows ``index`` of this table."""
         return Table(self.x[index], self.y[index],
                      {k: v[index] for k, v in self.extra.items()}, self.path)
 
@@ -148,9 +148,11 @@ def _numeric(column: pd.Series, name: str, where: str) -> np.ndarray:
     bad = values.isna().to_numpy() | ~np.isfinite(values.to_numpy(dtype=np.float64, na_value=0.0))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
+        cell = column.iloc[row]
+        what = "has no value" if pd.isna(cell) else f"holds {str(cell)!r}"
         raise TaskSettingsError(
-            f"{where}: feature column {name!r} is not numeric: row {row + 1} holds "
-            f"{column.iloc[row]!r} (feature-columns must be numbers, none missing)")
+            f"{where}: feature column {name!r} is not numeric: row {row + 1} {what} "
+            "(feature-columns must be finite numbers, none missing)")
     return values.to_numpy(dtype=np.float64)
 
 
@@ -220,6 +222,10 @@ def _split_cached(table: Table, method: str, partition_id: int, num_partitions: 
                 f"gives {found} partitions, but num-partitions={num_partitions}")
     try:
         part = partitioner.load_partition(partition_id)
+    except IndexError:
+        # `datasets` refuses a shard past the end of a file with fewer rows than partitions:
+        # this partition is empty, which the caller reports as such.
+        return table.rows(np.zeros(0, dtype=np.int64))
     except ValueError as err:
         raise TaskSettingsError(
             f"tabular-split={method} of {table.path!r} into num-partitions={num_partitions} "

@@ -74,7 +74,7 @@ def test_an_entry_point_that_is_not_a_task_is_refused(monkeypatch: pytest.Monkey
 
     eps = [EntryPoint("odd", "collections:OrderedDict", tasks.ENTRY_POINT_GROUP)]
     monkeypatch.setattr(tasks, "entry_points", lambda group: eps)
-    with pytest.raises(tasks.TaskNotInstalledError, match="not a subclass of tasks.Task"):
+    with pytest.raises(tasks.TaskNotInstalledError, match=r"not a subclass of tasks\.Task"):
         tasks.load_task({"task": "odd"})
 
 

@@ -60,11 +60,11 @@ class ExampleLinearTask(Task):
                        user=f"{purpose}-{index}")
 
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
-        """Runs on the device: the data of partition ``partition_id``."""
+        """Return the data of partition ``partition_id`` (runs on the device)."""
         return self._user("train", partition_id)
 
     def validation_datasets(self) -> list[Dataset]:
-        """Runs on the server: held-out users of both groups."""
+        """Return held-out users of both groups (runs on the server)."""
         return [self._user("validation", i) for i in range(max(self.validation_users, 2))]
 
     # -- the loss and local training -------------------------------------------------------
