@@ -45,6 +45,7 @@ __all__ = [
     "TaskSettingsError",
     "installed_tasks",
     "load_task",
+    "require_installed",
     "task_class",
 ]
 
@@ -90,6 +91,24 @@ def _owner(ep: EntryPoint) -> str:
     return str(getattr(dist, "name", "an unknown package"))
 
 
+def require_installed(name: str) -> EntryPoint:
+    """Return the entry point of task ``name``, importing nothing.
+
+    Raises
+    ------
+    TaskNotInstalledError
+        If no installed package registers ``name`` (the message lists the installed ones).
+    """
+    installed = installed_tasks()
+    ep = installed.get(name)
+    if ep is None:
+        raise TaskNotInstalledError(
+            f"task={name!r} is not installed here: no package registers it in the entry-point "
+            f"group {ENTRY_POINT_GROUP!r} (installed: {', '.join(sorted(installed))})"
+        )
+    return ep
+
+
 def task_class(name: str) -> type[Task]:
     """Import and return the `Task` subclass registered as ``name``.
 
@@ -98,12 +117,7 @@ def task_class(name: str) -> type[Task]:
     TaskNotInstalledError
         If no installed package registers ``name``, or its target is not a `Task` subclass.
     """
-    ep = installed_tasks().get(name)
-    if ep is None:
-        raise TaskNotInstalledError(
-            f"task={name!r} is not installed here: no package registers it in the entry-point "
-            f"group {ENTRY_POINT_GROUP!r} (installed: {', '.join(sorted(installed_tasks()))})"
-        )
+    ep = require_installed(name)
     cls = ep.load()
     if not (isinstance(cls, type) and issubclass(cls, Task)):
         raise TaskNotInstalledError(

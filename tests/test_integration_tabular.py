@@ -158,3 +158,26 @@ def test_a_task_the_device_has_not_installed_is_declined(
     # Device 3 does not allow it either: its allowed-tasks is checked first.
     assert "allowed-tasks" in summary["privacy"]["per_client"]["client-3"]["decline_reason"]
     assert spent(fed) == before
+
+
+def test_one_file_split_among_virtual_devices_on_the_simulation_engine(tmp_path: Path) -> None:
+    # Prepare: the 4 device files as one, which every virtual device reads (the launch policy).
+    from server.launcher import launch
+
+    files = write_files(tmp_path / "data", SEED)
+    shared = tmp_path / "data" / "all.csv"
+    lines = [p.read_text().splitlines() for p in files["devices"]]
+    shared.write_text("\n".join([lines[0][0], *(row for f in lines for row in f[1:])]) + "\n")
+
+    # Execute: a Dirichlet split over the label (Flower Datasets), 2 rounds.
+    result = launch(supernodes=4, simulation=True, out_dir=tmp_path / "run",
+                    policy={"data-path": str(shared)}, echo=lambda line: None,
+                    run_config={**RUN, "num-rounds": 2, "seed": SEED, "tabular-split": "dirichlet",
+                                "dirichlet-alpha": 1.0})
+
+    # Assert: every virtual device trained on its own partition and released, charged.
+    assert result.status == "complete" and result.summary["rounds_completed"] == 2
+    assert [e["replies"] for e in result.summary["history"][1:]] == [4, 4]
+    ledgers = result.summary["ledgers"]["per_client"]
+    assert sorted(ledgers) == list(NAMES)
+    assert all(entry["releases"] == 2 for entry in ledgers.values())
