@@ -6,8 +6,10 @@ the integration test uses, tests/test_integration_tabular.py) and prints, per se
 accuracy of the delivered hypotheses (each held-out group scored with the hypothesis that fits
 it best, the paper's protocol) next to the majority-class rate of the held-out rows.
 
-Two groups of devices whose labels depend on the first feature with opposite signs: one model
-for all of them cannot do much better than the second feature alone, two can.
+Two groups of devices whose labels are each other's flipped (the label is 1 with probability
+sigmoid(±3·(x1 + x2))): one model for all of them is no better than chance, two can be. Every
+device opts in to seeded noise (``allow-seeded-noise``, ``noise-seed`` from the seed and its
+index), so a seed's run is the same every time.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["FEATURES", "POLICY", "RUN", "held_out_accuracy", "main", "write_files"]
+__all__ = ["FEATURES", "POLICY", "RUN", "device_nodes", "held_out_accuracy", "main",
+           "write_files"]
 
 FEATURES = ("x1", "x2", "x3")
 #: Devices 0 and 1 are group "a", devices 2 and 3 group "b".
@@ -42,8 +45,9 @@ POLICY: dict[str, Any] = {"cap-d-privacy": 50.0}
 
 def _rows(rng: np.random.Generator, group: str, m: int) -> tuple[np.ndarray, np.ndarray]:
     x = rng.normal(size=(m, len(FEATURES)))
+    # Group b's labels are group a's flipped: no single model does better than chance on both.
     sign = 1.0 if group == "a" else -1.0
-    logit = 3.0 * (sign * x[:, 0] + x[:, 1])
+    logit = 3.0 * sign * (x[:, 0] + x[:, 1])
     y = rng.random(m) < 1.0 / (1.0 + np.exp(-logit))
     return x, y
 
@@ -97,12 +101,18 @@ def held_out_accuracy(hypotheses: list[list[float]], test_csv: Path) -> float:
     return task.evaluate(params, task.validation_datasets())["accuracy"]
 
 
+def device_nodes(files: dict[str, Any], seed: int) -> dict[int, dict[str, Any]]:
+    """Each device's own node config: its file and its (opted-in) noise seed."""
+    return {i: {"data-path": str(path), "allow-seeded-noise": True,
+                "noise-seed": 1000 * seed + i} for i, path in enumerate(files["devices"])}
+
+
 def run_seed(seed: int, out: Path) -> tuple[float, float]:
     """One federation; return (held-out accuracy, majority-class rate)."""
     from server.launcher import launch
 
     files = write_files(out / "data", seed)
-    nodes = {i: {"data-path": str(p)} for i, p in enumerate(files["devices"])}
+    nodes = device_nodes(files, seed)
     result = launch(supernodes=len(GROUPS), run_config={
         **RUN, "seed": seed, "server-data-path": str(files["validation"])},
         out_dir=out / "run", node_configs=nodes, policy=POLICY, echo=lambda line: None)
