@@ -10,7 +10,8 @@ default, so a device with no policy still privatizes: Laplace, Gaussian or sign 
 
 The run config is the federation's and may only ask: :func:`resolve` applies the stricter of the
 request and the policy to every shared setting, and raises :class:`PolicyDecline` for a request
-the policy forbids (a mechanism it does not allow), before anything is computed or charged.
+the policy forbids (a mechanism it does not allow, a task its ``allowed-tasks`` does not list or
+that it has not installed), before anything is computed or charged.
 """
 
 from __future__ import annotations

@@ -87,3 +87,22 @@ def test_allowed_tasks_is_the_devices_alone(tmp_path: Path) -> None:
     with pytest.raises(PolicyDecline, match="allowed-tasks"):
         ClientSettings.resolve({**RUN, "allowed-tasks": "*", "task": "synthetic"}, p)
 
+
+
+def test_the_client_app_declines_a_task_it_has_not_installed(tmp_path: Path) -> None:
+    # The ClientApp builds its task only once the policy accepted the run: an uninstalled
+    # task's name reaches fit as a decline instead of failing the message in client_fn.
+    from flwr.app import RecordDict
+    from flwr.common import Context, FitIns, ndarrays_to_parameters
+
+    from client.app import client_fn
+
+    context = Context(run_id=1, node_id=1, state=RecordDict(),
+                      node_config={"partition-id": 0, "num-partitions": 4,
+                                   "ledger-dir": str(tmp_path)},
+                      run_config={**RUN, "task": "not-installed-anywhere"})
+    res = client_fn(context).fit(FitIns(ndarrays_to_parameters(list(HYPOTHESES)),
+                                        {"num-hypotheses": 2, "server-round": 1}))
+    assert res.metrics["declined"] == 1
+    assert "task='not-installed-anywhere' is not installed" in str(res.metrics["decline-reason"])
+    assert not list(tmp_path.iterdir())
