@@ -10,11 +10,13 @@ default, so a device with no policy still privatizes: Laplace, Gaussian or sign 
 
 The run config is the federation's and may only ask: :func:`resolve` applies the stricter of the
 request and the policy to every shared setting, and raises :class:`PolicyDecline` for a request
-the policy forbids (a mechanism it does not allow), before anything is computed or charged.
+the policy forbids (a mechanism it does not allow, a task its ``allowed-tasks`` does not list or
+that it has not installed), before anything is computed or charged.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
@@ -127,6 +129,46 @@ class DevicePolicy:
         """The device's noise seed, if it allows seeded noise and gives one; else ``None``."""
         seed = int(self.values["noise-seed"])
         return seed if self.values["allow-seeded-noise"] and seed >= 0 else None
+
+    @property
+    def allowed_tasks(self) -> tuple[str, ...] | None:
+        """The task names this device serves; ``None`` for every installed one (``*``)."""
+        text = str(self.values["allowed-tasks"])
+        if text == "*":
+            return None
+        return tuple(t.strip() for t in text.split(",") if t.strip())
+
+    def check_task(self, name: str) -> None:
+        """Decline a run whose task this device does not allow or has not installed.
+
+        Only the installed packages' metadata is read (entry points): no task code is
+        imported and no data is read, so a declined run has touched nothing.
+
+        Raises
+        ------
+        PolicyDecline
+            Naming the task and the rule (public values only: the run's task name and this
+            device's ``allowed-tasks``; the device's other installed tasks are not listed).
+        """
+        allowed = self.allowed_tasks
+        if allowed is not None and name not in allowed:
+            raise PolicyDecline(
+                f"declined by policy: task={name!r} is not among this device's allowed-tasks")
+        from tasks import TaskNotInstalledError, installed_tasks
+
+        try:
+            installed = installed_tasks()
+        except TaskNotInstalledError as err:  # a name registered twice on this device
+            # The packages' names stay in the device's log.
+            logging.getLogger(__name__).error("%s", err)
+            raise PolicyDecline(
+                f"declined by policy: task={name!r} cannot be resolved on this device: two "
+                "installed packages register one task name (details in the device's log)"
+            ) from None
+        if name not in installed:
+            raise PolicyDecline(
+                f"declined by policy: task={name!r} is not installed on this device (no "
+                f"package registers it in the entry-point group 'gpfl.tasks')")
 
     def bound(self, name: str) -> Any:
         """Return the device's value of the shared setting ``name`` (a bound on the request)."""

@@ -114,6 +114,9 @@ class ClientSettings:
                 f"partition-id must be < num-partitions, got partition-id={policy.partition_id}, "
                 f"num-partitions={policy.num_partitions}"
             )
+        # Before anything else of the task: a task the device does not serve is never built,
+        # so none of its code runs and none of its data is read.
+        policy.check_task(request["task"])
         mechanism = request["mechanism"]
         if mechanism not in policy.mechanisms:
             raise PolicyDecline(

@@ -35,6 +35,7 @@ from server.rundir import FINISHED, add_ledgers, save_launch
 from settings import SettingError, check_node_config, check_run_config
 from settings.render import toml_value
 from settings.rules import check_run_rules
+from tasks import require_installed
 
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
 __all__ = [
@@ -163,7 +164,11 @@ def launch(
     try:
         # Everything is checked before any process starts: a bad key or value fails here,
         # within a second, naming the key, the value and what is allowed.
-        check_run_rules(check_run_config(config))
+        checked = check_run_config(config)
+        check_run_rules(checked)
+        # The ServerApp resolves the task against this environment's plugins: a name no
+        # installed package registers fails here, not after the federation has started.
+        require_installed(checked["task"])
         check_node_config(device_policy, source="launch policy")
         for i, node in nodes.items():
             check_node_config(node, source=f"node config of SuperNode {i}")

@@ -73,6 +73,9 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             "budget_epsilon": float(metrics.get("budget-epsilon", 0.0)),
             "budget_delta": float(metrics.get("budget-delta", 0.0)),
             "sigma": float(metrics.get("sigma", 0.0)),
+            # The device's last decline, as its reply said it (public values only).
+            "declined_by": str(metrics.get("declined-by", "")),
+            "decline_reason": str(metrics.get("decline-reason", "")),
         }
         if name in per_client:
             old = per_client[name]

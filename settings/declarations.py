@@ -28,8 +28,11 @@ MAX_EPOCHS = 10_000
 MAX_COUNT = 10_000_000
 #: The most hypotheses an instruction may carry (a device bounds it lower: max-hypotheses).
 MAX_HYPOTHESES = 1_000
-#: The largest magnitude of a coordinate of an optimum of the generated tasks.
+#: The largest magnitude of a coordinate of an optimum of the generated tasks (and of a public
+#: feature mean of the tabular task).
 MAX_OPTIMUM = 1e6
+#: The widest hidden layer of the tabular MLP (its memory is the device's).
+MAX_HIDDEN_UNITS = 10_000
 
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
@@ -37,6 +40,36 @@ _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 def _check_name(text: str) -> None:
     if text and not _NAME.fullmatch(text):
         raise ValueError("must be letters, digits, '_', '-' or '.' (not starting with '.')")
+
+
+def _check_task_name(text: str) -> None:
+    if not _NAME.fullmatch(text):
+        raise ValueError("must be a task name: letters, digits, '_', '-' or '.' (not starting "
+                         "with '.')")
+
+
+def _check_column_list(text: str) -> None:
+    items = [c.strip() for c in text.split(",")] if text else []
+    if any(not c for c in items):
+        raise ValueError("must be comma-separated names, none of them empty")
+    if len(set(items)) != len(items):
+        raise ValueError("must not name a column twice")
+
+
+def _check_number_list(text: str) -> None:
+    try:
+        values = [float(v) for v in text.split(",")] if text else []
+    except ValueError:
+        raise ValueError("must be comma-separated numbers") from None
+    if any(not math.isfinite(v) or abs(v) > MAX_OPTIMUM for v in values):
+        raise ValueError(f"must hold finite numbers of magnitude at most {MAX_OPTIMUM:g}")
+
+
+def _check_allowed_tasks(text: str) -> None:
+    if text == "*":
+        return
+    for name in text.split(",") if text else []:
+        _check_task_name(name.strip())
 
 
 _FAB_HASH = re.compile(r"[0-9a-f]{64}")
@@ -86,7 +119,6 @@ def _check_device(text: str) -> None:
 
 
 # ------------------------------------------------------------------------------ declarations
-_TASKS = ("synthetic", "fairness", "digits", "femnist", "hospital")
 MECHANISMS = ("laplace", "gaussian", "sign", "none")
 #: How a cluster's releases are weighted (strategies.aggregation implements each).
 AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
@@ -96,7 +128,11 @@ CLIP_MODES = ("l2", "elementwise")
 
 _DECLARATIONS: tuple[Setting, ...] = (
     # -- the run ---------------------------------------------------------------------------------
-    Setting("task", str, "synthetic", "the learning task", choices=_TASKS),
+    # A name, not a fixed list: each side resolves it against the task plugins installed on it
+    # (entry-point group gpfl.tasks, docs/TASKS.md); a device also against its allowed-tasks.
+    Setting("task", str, "synthetic",
+            "the learning task: a name an installed plugin registers (built in: synthetic, "
+            "fairness, digits, femnist, hospital, tabular)", check=_check_task_name),
     Setting("num-hypotheses", int, 2,
             "k, the number of models (one per group of clients); a device serves at most its "
             "max-hypotheses", minimum=1, maximum=MAX_HYPOTHESES),
@@ -207,7 +243,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
             group="tasks", choices=("cnn", "logistic")),
     Setting("partition", str, "contiguous", "digits: equal slices or a Dirichlet label skew",
             group="tasks", choices=("contiguous", "dirichlet")),
-    Setting("dirichlet-alpha", float, 0.5, "digits: concentration of the dirichlet partition",
+    Setting("dirichlet-alpha", float, 0.5,
+            "digits, tabular: concentration of the dirichlet partition",
             group="tasks", minimum=1e-6),
     Setting("loss", str, "cross-entropy", "digits: the training loss", group="tasks",
             choices=("cross-entropy", "rmse")),
@@ -216,8 +253,46 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("minority-fraction", float, 0.2, "fairness: share of minority samples",
             group="tasks", minimum=0.0, maximum=1.0),
     Setting("server-data-path", str, "",
-            "femnist, hospital: the data the ServerApp validates on (a file or folder)",
+            "femnist, hospital, tabular: the data the ServerApp validates on (a file or folder)",
             group="tasks"),
+    # -- task plugins and the tabular task (docs/TASKS.md) -----------------------------------------
+    Setting("label-column", str, "label", "tabular: the column holding the label",
+            group="tasks", check=_check_column_list),
+    Setting("feature-columns", str, "",
+            "tabular: the numeric feature columns, comma-separated (at least one)",
+            group="tasks", check=_check_column_list),
+    Setting("classes", str, "0,1",
+            "tabular: the label values, comma-separated, in class order (public: they size "
+            "the model's output)", group="tasks", check=_check_column_list),
+    Setting("tabular-model", str, "logistic",
+            "tabular: multinomial logistic regression, or an MLP with one hidden layer",
+            group="tasks", choices=("logistic", "mlp")),
+    Setting("hidden-units", int, 16, "tabular mlp: units of the hidden layer", group="tasks",
+            minimum=1, maximum=MAX_HIDDEN_UNITS),
+    Setting("standardize", str, "device",
+            "tabular: scale features with each side's own mean and std (device), the run's "
+            "public feature-means/feature-scales (public), or not at all (none)",
+            group="tasks", choices=("device", "public", "none")),
+    Setting("feature-means", str, "",
+            "tabular, standardize=public: one mean per feature column, comma-separated",
+            group="tasks", check=_check_number_list),
+    Setting("feature-scales", str, "",
+            "tabular, standardize=public: one positive scale per feature column",
+            group="tasks", check=_check_positive_list),
+    Setting("tabular-split", str, "none",
+            "tabular: the data-path file is the device's own (none), or one file split among "
+            "num-partitions devices by Flower Datasets (iid, dirichlet over the label, "
+            "natural-id on split-column): the Simulation Engine's virtual devices",
+            group="tasks", choices=("none", "iid", "dirichlet", "natural-id")),
+    Setting("split-column", str, "", "tabular-split=natural-id: the column naming each device",
+            group="tasks", check=_check_column_list),
+    Setting("validation-column", str, "",
+            "tabular: rows of server-data-path with one value of this column are one held-out "
+            "user (\"\" = the whole file is one)", group="tasks", check=_check_column_list),
+    Setting("allowed-tasks", str, "*",
+            "the task names this device serves, comma-separated (* = every task installed on "
+            "it); a run naming another is declined", owner="device", group="device",
+            check=_check_allowed_tasks),
     # -- the device (node config, or the policy file it names) ------------------------------------
     Setting("partition-id", int, 0, "which partition of the task's data this device holds",
             owner="device", group="device", minimum=0),
@@ -246,7 +321,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("device", str, "auto",
             "where this device trains (torch tasks): auto, cpu, cuda or cuda:N", owner="device",
             group="device", check=_check_device),
-    Setting("data-path", str, "", "femnist, hospital: this device's data (a file or folder)",
+    Setting("data-path", str, "",
+            "femnist, hospital, tabular: this device's data (a file or folder)",
             owner="device", group="device"),
     # Refuses absurd instructions before anything is computed or charged. gpfl's tasks work in
     # units (hospital payments in thousands of dollars, the synthetic optima single digits,

@@ -1,8 +1,8 @@
 """gpfl tasks: each task is data partitioning + model + loss + local training.
 
-`load_task` picks a task by the run-config key ``task`` and imports its module only then:
-a Flower ClientApp process is started for every message, and the NumPy tasks (``synthetic``,
-``fairness``) must not pay for importing torch or scikit-learn.
+A task is a plugin: an installed Python package registers a task name in the entry-point group
+``gpfl.tasks`` (``[project.entry-points."gpfl.tasks"]`` in its ``pyproject.toml``), pointing at
+a `Task` subclass. gpfl's own tasks register the same way, in gpfl's ``pyproject.toml``:
 
 ========== ======================= ============================================================
 task       module                  data
@@ -12,30 +12,118 @@ fairness   `tasks.fairness`        majority/minority logistic regression + fairn
 digits     `tasks.digits`          scikit-learn's 8×8 digits, rotated per user (torch CNN)
 femnist    `tasks.femnist`         LEAF FEMNIST JSON files from ``data-path`` (torch CNN)
 hospital   `tasks.hospital`        CMS inpatient charges CSV from ``data-path`` (torch, 11 params)
+tabular    `tasks.tabular`         the device's own CSV or Parquet file (torch logistic / MLP)
 ========== ======================= ============================================================
+
+The run config names a task; each side resolves the name against the plugins installed *in its
+own environment*: a device against its own (and its ``allowed-tasks``), the ServerApp against
+the server's. No task code ever travels with a run. `load_task` imports a task's module only
+when the task is built: a Flower ClientApp process is started for every message, and the NumPy
+tasks (``synthetic``, ``fairness``) must not pay for importing torch or scikit-learn. Reading
+the entry points reads the installed packages' metadata and imports nothing.
+
+docs/TASKS.md describes the interface a task implements and how to write a plugin.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import settings
 from tasks.base import Dataset, Params, Task
 from tasks.config import TaskSettingsError
 
-__all__ = ["TASKS", "Dataset", "Params", "Task", "TaskSettingsError", "load_task"]
+__all__ = [
+    "BUILTIN_TASKS",
+    "ENTRY_POINT_GROUP",
+    "Dataset",
+    "Params",
+    "Task",
+    "TaskNotInstalledError",
+    "TaskSettingsError",
+    "installed_tasks",
+    "load_task",
+    "require_installed",
+    "task_class",
+]
 
-#: Task name -> "module:class"; the class has ``from_run_config(config)``. The names are the
-#: choices of the setting ``task`` (a test keeps the two equal).
-TASKS: Mapping[str, str] = {
-    "synthetic": "tasks.synthetic:SyntheticTask",
-    "fairness": "tasks.fairness:FairnessTask",
-    "digits": "tasks.digits:DigitsTask",
-    "femnist": "tasks.femnist:FemnistTask",
-    "hospital": "tasks.hospital:HospitalTask",
-}
+#: The entry-point group a package registers its tasks in.
+ENTRY_POINT_GROUP = "gpfl.tasks"
+
+#: The tasks gpfl itself registers (``[project.entry-points."gpfl.tasks"]`` of its
+#: pyproject.toml; a test keeps the two equal).
+BUILTIN_TASKS: tuple[str, ...] = (
+    "synthetic", "fairness", "digits", "femnist", "hospital", "tabular",
+)
+
+
+class TaskNotInstalledError(TaskSettingsError):
+    """The run names a task no installed package registers (or more than one does)."""
+
+
+def installed_tasks() -> dict[str, EntryPoint]:
+    """Return every task name registered in the ``gpfl.tasks`` entry-point group.
+
+    Nothing is imported: an `EntryPoint` is the ``module:attribute`` a package declares.
+
+    Raises
+    ------
+    TaskNotInstalledError
+        If two installed packages register the same name (which one to run would be a guess).
+    """
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        previous = found.get(ep.name)
+        if previous is not None and previous.value != ep.value:
+            raise TaskNotInstalledError(
+                f"task={ep.name!r} is registered by two installed packages "
+                f"({_owner(previous)}: {previous.value}; {_owner(ep)}: {ep.value}); "
+                "uninstall one of them"
+            )
+        found[ep.name] = ep
+    return found
+
+
+def _owner(ep: EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return str(getattr(dist, "name", "an unknown package"))
+
+
+def require_installed(name: str) -> EntryPoint:
+    """Return the entry point of task ``name``, importing nothing.
+
+    Raises
+    ------
+    TaskNotInstalledError
+        If no installed package registers ``name`` (the message lists the installed ones).
+    """
+    installed = installed_tasks()
+    ep = installed.get(name)
+    if ep is None:
+        raise TaskNotInstalledError(
+            f"task={name!r} is not installed here: no package registers it in the entry-point "
+            f"group {ENTRY_POINT_GROUP!r} (installed: {', '.join(sorted(installed))})"
+        )
+    return ep
+
+
+def task_class(name: str) -> type[Task]:
+    """Import and return the `Task` subclass registered as ``name``.
+
+    Raises
+    ------
+    TaskNotInstalledError
+        If no installed package registers ``name``, or its target is not a `Task` subclass.
+    """
+    ep = require_installed(name)
+    cls = ep.load()
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+        raise TaskNotInstalledError(
+            f"task={name!r} points at {ep.value}, which is not a subclass of tasks.Task"
+        )
+    return cls
 
 
 def load_task(config: Mapping[str, Any]) -> Task:
@@ -57,12 +145,9 @@ def load_task(config: Mapping[str, Any]) -> Task:
     Raises
     ------
     settings.SettingError
-        (a ``ValueError``) for an unknown task name or a bad setting, naming key, value and what
-        is allowed; its subclass `TaskSettingsError` when a setting does not fit the task or its
-        data.
+        (a ``ValueError``) for a bad setting, naming key, value and what is allowed; its
+        subclass `TaskSettingsError` when a setting does not fit the task or its data, and
+        `TaskNotInstalledError` when no installed plugin registers the task's name.
     """
     name = settings.read(config, "task")
-    module_name, class_name = TASKS[name].split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
-    task: Task = cls.from_run_config(config)
-    return task
+    return task_class(name).from_run_config(config)

@@ -113,6 +113,8 @@ def test_capped_supernode_declines_and_a_restart_keeps_its_spend(
      r"got noise-multiplier=-1\.0"),
     ({"node_configs": {1: {"device": "tpu"}}}, r"node config of SuperNode 1.*device.*tpu"),
     ({"run_config": {"no-such-key": 1}}, r"no-such-key"),
+    ({"run_config": {"task": "no-such-task"}},
+     r"task='no-such-task' is not installed here: no package registers it"),
 ])
 def test_a_bad_setting_fails_the_launch_before_any_process_starts(
     tmp_path: Path, no_leftover_processes: None, kwargs: dict[str, Any], message: str

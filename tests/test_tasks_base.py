@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -38,13 +38,44 @@ def test_load_task_defaults_to_synthetic() -> None:
     assert task.name == "synthetic"
 
 
-def test_load_task_unknown_name_names_the_key() -> None:
-    with pytest.raises(SettingError, match=r"task must be one of .*got task='nope'"):
+def test_load_task_unknown_name_names_the_task_and_the_group() -> None:
+    with pytest.raises(tasks.TaskNotInstalledError,
+                       match=r"task='nope' is not installed here: .*'gpfl.tasks'"):
         tasks.load_task({"task": "nope"})
 
 
-def test_registry_holds_exactly_the_schema_task_names() -> None:
-    assert sorted(tasks.TASKS) == sorted(SETTINGS["task"].choices)
+def test_a_malformed_task_name_names_the_key() -> None:
+    with pytest.raises(SettingError, match=r"task: must be a task name.*got task='a b'"):
+        tasks.load_task({"task": "a b"})
+
+
+def test_gpfl_registers_its_tasks_as_entry_points_in_its_pyproject() -> None:
+    # The installed metadata (what load_task reads) and pyproject.toml agree on every built-in.
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    ours = declared[tasks.ENTRY_POINT_GROUP]
+    assert sorted(ours) == sorted(tasks.BUILTIN_TASKS)
+    installed = tasks.installed_tasks()
+    for name, target in ours.items():
+        assert installed[name].value == target
+
+
+def test_a_name_two_packages_register_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    eps = [EntryPoint("x", "a.mod:A", tasks.ENTRY_POINT_GROUP),
+           EntryPoint("x", "b.mod:B", tasks.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(tasks, "entry_points", lambda group: eps)
+    with pytest.raises(tasks.TaskNotInstalledError, match=r"task='x' is registered by two"):
+        tasks.installed_tasks()
+
+
+def test_an_entry_point_that_is_not_a_task_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    eps = [EntryPoint("odd", "collections:OrderedDict", tasks.ENTRY_POINT_GROUP)]
+    monkeypatch.setattr(tasks, "entry_points", lambda group: eps)
+    with pytest.raises(tasks.TaskNotInstalledError, match=r"not a subclass of tasks\.Task"):
+        tasks.load_task({"task": "odd"})
 
 
 def test_task_settings_error_is_a_setting_error() -> None:
@@ -78,9 +109,8 @@ def test_device_module_import_is_light() -> None:
 # -- settings through the schema ---------------------------------------------------------------
 def _task_classes() -> list[type]:
     classes = []
-    for target in tasks.TASKS.values():
-        module_name, class_name = target.split(":")
-        classes.append(getattr(importlib.import_module(module_name), class_name))
+    for name in tasks.BUILTIN_TASKS:
+        classes.append(tasks.task_class(name))
     return classes
 
 

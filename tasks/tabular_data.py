@@ -1,0 +1,234 @@
+"""Reading the tabular task's files: columns checked, labels mapped, partitions split.
+
+A file is a CSV (any other suffix) or a Parquet file (``.parquet``, ``.pq``), read with pandas.
+Every problem is a `TaskSettingsError` naming the file, the setting, the column and, for a bad
+cell, its row and value: on a device that message stays in the device's log (the client sends
+the server one fixed text for any failure while private data is in use), on the server it is
+the operator's own file.
+
+One file split among the Simulation Engine's virtual devices uses Flower Datasets'
+partitioners (``IidPartitioner``, ``DirichletPartitioner`` over the label,
+``NaturalIdPartitioner`` on a column) on a Hugging Face ``datasets.Dataset`` made from the
+checked table, shuffled first with the run's ``data-seed`` as Flower Datasets'
+``FederatedDataset`` does: the same split in every process.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tasks.config import TaskSettingsError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["PARQUET_SUFFIXES", "Table", "read_table", "split_rows"]
+
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclass(frozen=True, eq=False)  # hashed by identity: the split cache keys on the table
+class Table:
+    """A checked file: numeric features, class indices and the text of ``extra`` columns.
+
+    Attributes
+    ----------
+    x : np.ndarray
+        float64 (rows, features), finite.
+    y : np.ndarray
+        int64 class index of each row (position of its label in ``classes``).
+    extra : dict[str, np.ndarray]
+        The text of each further column asked for (a natural-id or validation column).
+    path : str
+        The file, for messages.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    extra: dict[str, np.ndarray]
+    path: str
+
+    def __len__(self) -> int:
+        return int(self.x.shape[0])
+
+    def rows(self, index: np.ndarray) -> Table:
+        """Return the rows ``index`` of this table."""
+        return Table(self.x[index], self.y[index],
+                     {k: v[index] for k, v in self.extra.items()}, self.path)
+
+
+def read_table(path: str, *, setting: str, label: str, features: Sequence[str],
+               classes: Sequence[str], extra: Sequence[str] = ()) -> Table:
+    """Read and check one file (cached per process while the file is unchanged).
+
+    Parameters
+    ----------
+    path : str
+        The file (``data-path`` on a device, ``server-data-path`` on the server).
+    setting : str
+        The setting that named it, for messages.
+    label : str
+        The label column; its values are compared as text with ``classes``.
+    features : Sequence[str]
+        The numeric feature columns, in model-input order.
+    classes : Sequence[str]
+        The label values, in class order.
+    extra : Sequence[str]
+        Further columns to keep as text.
+
+    Raises
+    ------
+    TaskSettingsError
+        A missing or unreadable file, a missing column, a non-numeric or missing feature
+        value, a label not among ``classes``, or a file without rows; the message names the
+        file, the column and, for a cell, its row (1 = the first data row) and value.
+    """
+    resolved = Path(path).expanduser()
+    if not resolved.is_file():
+        raise TaskSettingsError(f"{setting}={path!r}: no such file (the tabular task's CSV or "
+                                "Parquet file)")
+    stat = resolved.stat()
+    return _read_cached(str(resolved.resolve()), stat.st_mtime_ns, stat.st_size, setting, label,
+                        tuple(features), tuple(classes), tuple(extra))
+
+
+@functools.lru_cache(maxsize=4)
+def _read_cached(path: str, mtime_ns: int, size: int, setting: str, label: str,
+                 features: tuple[str, ...], classes: tuple[str, ...],
+                 extra: tuple[str, ...]) -> Table:
+    frame = _read_frame(path, setting, label)
+    where = f"{setting}={path!r}"
+    wanted = [label, *features, *extra]
+    missing = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
+    if missing:
+        raise TaskSettingsError(
+            f"{where} has no column(s) {missing} (label-column, feature-columns, split-column "
+            f"or validation-column); its columns are {[str(c) for c in frame.columns]}")
+    if len(frame) == 0:
+        raise TaskSettingsError(f"{where} has no rows")
+    x = np.empty((len(frame), len(features)), dtype=np.float64)
+    for j, column in enumerate(features):
+        x[:, j] = _numeric(frame[column], column, where)
+    labels = frame[label].astype("string").str.strip()
+    index = {c: i for i, c in enumerate(classes)}
+    y = labels.map(index)
+    unknown = y.isna()
+    if unknown.any():
+        row = int(np.flatnonzero(unknown.to_numpy())[0])
+        raise TaskSettingsError(
+            f"{where}: label-column={label!r} holds {labels.iloc[row]!r} in row {row + 1}, "
+            f"which is not among classes={','.join(classes)!r}")
+    texts = {c: frame[c].astype("string").fillna("").to_numpy(dtype=str) for c in extra}
+    return Table(x, y.to_numpy(dtype=np.int64), texts, path)
+
+
+def _read_frame(path: str, setting: str, label: str) -> pd.DataFrame:
+    import pandas as pd
+
+    try:
+        if path.lower().endswith(PARQUET_SUFFIXES):
+            return pd.read_parquet(path)
+        # The label is read as text so that "1" and "1.0" are not confused with each other.
+        return pd.read_csv(path, dtype={label: str}, skipinitialspace=True)
+    except (OSError, ValueError, ImportError) as err:
+        kind = "Parquet" if path.lower().endswith(PARQUET_SUFFIXES) else "CSV"
+        raise TaskSettingsError(f"{setting}={path!r} cannot be read as {kind}: {err}") from None
+
+
+def _numeric(column: pd.Series, name: str, where: str) -> np.ndarray:
+    import pandas as pd
+
+    values = pd.to_numeric(column, errors="coerce")
+    bad = values.isna().to_numpy() | ~np.isfinite(values.to_numpy(dtype=np.float64, na_value=0.0))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        cell = column.iloc[row]
+        what = "has no value" if pd.isna(cell) else f"holds {str(cell)!r}"
+        raise TaskSettingsError(
+            f"{where}: feature column {name!r} is not numeric: row {row + 1} {what} "
+            "(feature-columns must be finite numbers, none missing)")
+    return values.to_numpy(dtype=np.float64)
+
+
+def split_rows(table: Table, *, method: str, partition_id: int, num_partitions: int,
+               label_column: str, split_column: str, alpha: float, seed: int) -> Table:
+    """Return partition ``partition_id`` of ``num_partitions`` of ``table`` (Flower Datasets).
+
+    Parameters
+    ----------
+    table : Table
+        The whole file.
+    method : str
+        ``iid``, ``dirichlet`` (over the label) or ``natural-id`` (one partition per value of
+        ``split_column``: partition p holds the p-th value in sorted order).
+    partition_id, num_partitions : int
+        This device's partition.
+    label_column, split_column : str
+        The columns the partitioner reads.
+    alpha : float
+        Dirichlet concentration.
+    seed : int
+        The run's ``data-seed``: the shuffle before partitioning and the Dirichlet draw.
+
+    Raises
+    ------
+    TaskSettingsError
+        When natural ids do not give ``num_partitions`` partitions, or Flower Datasets cannot
+        make the split.
+    """
+    return _split_cached(table, method, partition_id, num_partitions, label_column,
+                         split_column, alpha, seed)
+
+
+@functools.lru_cache(maxsize=8)
+def _split_cached(table: Table, method: str, partition_id: int, num_partitions: int,
+                  label_column: str, split_column: str, alpha: float, seed: int) -> Table:
+    from datasets import Dataset as HFDataset
+    from flwr_datasets.partitioner import (
+        DirichletPartitioner,
+        IidPartitioner,
+        NaturalIdPartitioner,
+        Partitioner,
+    )
+
+    # The partitioners read these columns; the row number brings the rows back to `table`.
+    columns: dict[str, object] = {"row": np.arange(len(table)), label_column: table.y}
+    if method == "natural-id":
+        columns[split_column] = table.extra[split_column]
+    hf = HFDataset.from_dict(columns).shuffle(seed=seed)
+    partitioner: Partitioner
+    if method == "iid":
+        partitioner = IidPartitioner(num_partitions=num_partitions)
+    elif method == "dirichlet":
+        partitioner = DirichletPartitioner(
+            num_partitions=num_partitions, partition_by=label_column, alpha=float(alpha),
+            min_partition_size=1, self_balancing=False, seed=seed)
+    elif method == "natural-id":
+        partitioner = NaturalIdPartitioner(partition_by=split_column)
+    else:  # pragma: no cover - the setting's choices
+        raise ValueError(f"unknown tabular-split {method!r}")
+    partitioner.dataset = hf
+    if method == "natural-id":
+        found = partitioner.num_partitions
+        if found != num_partitions:
+            raise TaskSettingsError(
+                f"tabular-split=natural-id on split-column={split_column!r} of {table.path!r} "
+                f"gives {found} partitions, but num-partitions={num_partitions}")
+    try:
+        part = partitioner.load_partition(partition_id)
+    except IndexError:
+        # `datasets` refuses a shard past the end of a file with fewer rows than partitions:
+        # this partition is empty, which the caller reports as such.
+        return table.rows(np.zeros(0, dtype=np.int64))
+    except ValueError as err:
+        raise TaskSettingsError(
+            f"tabular-split={method} of {table.path!r} into num-partitions={num_partitions} "
+            f"failed: {err}") from None
+    index = np.sort(np.asarray(part["row"], dtype=np.int64))
+    return table.rows(index)

@@ -1,0 +1,195 @@
+"""Tests of the tabular task: files, columns, standardization, Flower Datasets splits, models."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from settings import SettingError
+from tasks import TaskSettingsError, load_task
+from tasks.tabular import TabularTask
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE: dict[str, Any] = {"task": "tabular", "feature-columns": "a,b", "label-column": "y",
+                        "classes": "no,yes", "device": "cpu"}
+
+
+def write_csv(path: Path, rows: list[list[Any]], header: tuple[str, ...] = ("a", "b", "y", "site")
+              ) -> Path:
+    with path.open("w", newline="") as fh:
+        out = csv.writer(fh)
+        out.writerow(header)
+        out.writerows(rows)
+    return path
+
+
+def sample_rows(n: int, seed: int = 0) -> list[list[Any]]:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(loc=(10.0, -3.0), scale=(2.0, 0.5), size=(n, 2))
+    return [[f"{a:.4f}", f"{b:.4f}", "yes" if a > 10 else "no", f"s{i % 3}"]
+            for i, (a, b) in enumerate(x)]
+
+
+def task(path: Path | str, **config: Any) -> TabularTask:
+    built = load_task({**BASE, "data-path": str(path), **config})
+    assert isinstance(built, TabularTask)
+    return built
+
+
+# -- reading a device's file --------------------------------------------------------------------
+def test_a_devices_file_is_its_partition_standardized_with_its_own_statistics(
+    tmp_path: Path
+) -> None:
+    path = write_csv(tmp_path / "d.csv", sample_rows(50))
+    data = task(path).client_dataset(3, 4)  # tabular-split=none: the whole file, any partition
+    assert data.x.shape == (50, 2) and data.x.dtype == np.float32
+    np.testing.assert_allclose(data.x.mean(axis=0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(data.x.std(axis=0), 1.0, atol=1e-5)
+    raw = np.array([[float(r[0]), float(r[1])] for r in sample_rows(50)])
+    np.testing.assert_array_equal(data.y, (raw[:, 0] > 10).astype(np.int64))
+
+
+def test_public_statistics_are_the_same_transform_everywhere(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "d.csv", [["12", "-3", "yes", "s"], ["8", "-2", "no", "s"]])
+    data = task(path, standardize="public", **{"feature-means": "10,-3",
+                                                "feature-scales": "2,0.5"}).client_dataset(0, 1)
+    np.testing.assert_allclose(data.x, [[1.0, 0.0], [-1.0, 2.0]])
+    raw = task(path, standardize="none").client_dataset(0, 1)
+    np.testing.assert_allclose(raw.x, [[12.0, -3.0], [8.0, -2.0]])
+
+
+def test_a_parquet_file_reads_like_the_csv(tmp_path: Path) -> None:
+    import pandas as pd
+
+    csv_path = write_csv(tmp_path / "d.csv", sample_rows(20))
+    pq_path = tmp_path / "d.parquet"
+    pd.read_csv(csv_path, dtype={"y": str}).to_parquet(pq_path)
+    a, b = task(csv_path).client_dataset(0, 1), task(pq_path).client_dataset(0, 1)
+    np.testing.assert_allclose(a.x, b.x)
+    np.testing.assert_array_equal(a.y, b.y)
+
+
+def test_building_the_task_reads_nothing(tmp_path: Path) -> None:
+    # A device that declines a run builds the task at most; a missing file must not matter then.
+    built = task(tmp_path / "absent.csv")
+    assert built.parameter_shapes == [(2, 2), (2,)]
+
+
+@pytest.mark.parametrize(("rows", "config", "message"), [
+    (None, {}, r"data-path='.*absent.csv': no such file"),
+    ([["1", "2", "no", "s"]], {"feature-columns": "a,c"},
+     r"has no column\(s\) \['c'\].*its columns are \['a', 'b', 'y', 'site'\]"),
+    ([["1", "2", "no", "s"], ["1", "oops", "yes", "s"]], {},
+     r"feature column 'b' is not numeric: row 2 holds 'oops'"),
+    ([["1", "", "no", "s"]], {}, r"feature column 'b' is not numeric: row 1 has no value"),
+    ([["1", "inf", "no", "s"]], {}, r"feature column 'b' is not numeric: row 1 holds 'inf'"),
+    ([["1", "2", "maybe", "s"]], {}, r"label-column='y' holds 'maybe' in row 1.*classes='no,yes'"),
+    ([], {}, r"has no rows"),
+])
+def test_bad_files_name_the_file_the_column_and_the_value(
+    tmp_path: Path, rows: list[list[Any]] | None, config: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "absent.csv" if rows is None else write_csv(tmp_path / "d.csv", rows)
+    with pytest.raises(TaskSettingsError, match=message):
+        task(path, **config).client_dataset(0, 1)
+
+
+def test_an_empty_data_path_names_the_setting() -> None:
+    with pytest.raises(TaskSettingsError, match=r"data-path must name a CSV or Parquet file"):
+        task("").client_dataset(0, 1)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"feature-columns": ""}, r"feature-columns must name at least one column"),
+    ({"feature-columns": "a,y"}, r"label-column='y' is also among feature-columns"),
+    ({"classes": "yes"}, r"classes must name at least 2 label values"),
+    ({"tabular-split": "natural-id"}, r"natural-id needs split-column"),
+    ({"standardize": "public", "feature-means": "0"}, r"one feature-means and one feature-sc"),
+    ({"feature-columns": "a,,b"}, r"feature-columns.*none of them empty"),
+    ({"feature-scales": "1,0"}, r"feature-scales.*positive"),
+])
+def test_bad_settings_name_the_setting(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        task("x.csv", **config)
+
+
+# -- one file split among virtual devices (Flower Datasets) --------------------------------------
+@pytest.mark.parametrize("split", ["iid", "dirichlet"])
+def test_a_split_file_gives_disjoint_partitions_that_cover_it(tmp_path: Path, split: str) -> None:
+    path = write_csv(tmp_path / "all.csv", sample_rows(90))
+    t = task(path, **{"tabular-split": split, "standardize": "none", "data-seed": 3})
+    parts = [t.client_dataset(p, 3) for p in range(3)]
+    rows = np.concatenate([p.x for p in parts])
+    assert len(rows) == 90 and len({tuple(r) for r in rows}) == 90
+    if split == "iid":
+        assert [len(p) for p in parts] == [30, 30, 30]
+    # The same split in another process (a fresh task here): seeded by data-seed.
+    again = task(path, **{"tabular-split": split, "standardize": "none", "data-seed": 3})
+    np.testing.assert_array_equal(again.client_dataset(1, 3).x, parts[1].x)
+
+
+def test_natural_ids_give_one_partition_per_value(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "all.csv", sample_rows(30))
+    t = task(path, **{"tabular-split": "natural-id", "split-column": "site",
+                      "standardize": "none"})
+    raw = np.array([[float(r[0]), float(r[1])] for r in sample_rows(30)])
+    for p, site in enumerate(("s0", "s1", "s2")):  # sorted values: partition p is value p
+        expected = raw[[i for i in range(30) if i % 3 == int(site[1])]]
+        np.testing.assert_allclose(t.client_dataset(p, 3).x, expected, atol=1e-6)
+    with pytest.raises(TaskSettingsError, match=r"gives 3 partitions, but num-partitions=4"):
+        t.client_dataset(0, 4)
+
+
+def test_an_empty_partition_is_an_error_naming_it(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "all.csv", sample_rows(2))
+    with pytest.raises(TaskSettingsError, match=r"partition-id=2 of num-partitions=3\).*no rows"):
+        task(path, **{"tabular-split": "iid"}).client_dataset(2, 3)
+
+
+# -- the server's validation users; models and training -----------------------------------------
+def test_validation_users_are_the_values_of_the_validation_column(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "v.csv", sample_rows(30))
+    users = task(path, **{"validation-column": "site"}).validation_datasets()
+    assert [u.user for u in users] == ["validation-s0", "validation-s1", "validation-s2"]
+    assert [len(u) for u in users] == [10, 10, 10]
+    assert len(task(path).validation_datasets()) == 1
+    assert task("").validation_datasets() == []  # no server-data-path: no validation
+
+
+@pytest.mark.parametrize(("model", "shapes"), [
+    ("logistic", [(2, 2), (2,)]), ("mlp", [(4, 2), (4,), (2, 4), (2,)]),
+])
+def test_models_learn_a_separable_file(tmp_path: Path, model: str,
+                                       shapes: list[tuple[int, ...]]) -> None:
+    # Prepare: a label decided by the first feature; training from a seeded init.
+    path = write_csv(tmp_path / "d.csv", sample_rows(200))
+    t = task(path, **{"tabular-model": model, "hidden-units": 4})
+    assert t.parameter_shapes == shapes
+    data = t.client_dataset(0, 1)
+    params = t.init_parameters(np.random.default_rng(0))
+
+    # Execute
+    trained = t.train(params, data, epochs=20, learning_rate=0.5, batch_size=20,
+                      rng=np.random.default_rng(1))
+
+    # Assert: well above the majority-class rate of this file.
+    majority = max(data.y.mean(), 1 - data.y.mean())
+    assert t.user_metrics(trained, data)["accuracy"] > majority + 0.3
+
+
+def test_the_task_imports_no_datasets_library_unless_it_splits(tmp_path: Path) -> None:
+    # Hugging Face datasets costs seconds per process: only a split file pays for it.
+    path = write_csv(tmp_path / "d.csv", sample_rows(10))
+    code = ("import sys, tasks\n"
+            f"t = tasks.load_task({{**{BASE!r}, 'data-path': {str(path)!r}}})\n"
+            "t.client_dataset(0, 1)\n"
+            "assert 'datasets' not in sys.modules and 'flwr_datasets' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
