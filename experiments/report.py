@@ -22,6 +22,7 @@ from experiments import (
     fairness,
     leakage,
     personalized_budgets,
+    privacy_report,
     scale,
     synthetic_ablation,
 )
@@ -163,6 +164,7 @@ def write_report(root: Path, doc: Path) -> Path:
         out += [_profile_note(meta), ""]
         out += sections[name](rows)
         out += ["", *_figures(root, name, doc), ""]
+    out += privacy_report.section(root, doc)
     out += _differences()
     doc.write_text("\n".join(out).rstrip() + "\n", encoding="utf-8")
     return doc

@@ -1,0 +1,93 @@
+"""The "Empirical privacy" section of docs/RESULTS.md, from ``empirical-privacy`` and ``mia``.
+
+`experiments.report` appends :func:`section` to the report; this module holds the section's
+prose and tables so that the report's own modules need only that one call.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from experiments import empirical_privacy, mia
+from experiments.tables import read_csv
+
+__all__ = ["section"]
+
+INTRO = (
+    "Each ledger charges an ε per release; the audits below check it against what an attacker "
+    "can actually do. An empirical lower bound ε_lb = ln((TPR_low − δ)/FPR_high) (Clopper–"
+    "Pearson bounds at 95 % confidence, the likelihood-ratio threshold test chosen on one half "
+    "of the releases and counted on the other) that exceeds the charge proves the accounting "
+    "wrong; one below it proves nothing about the accounting being right, only that this test "
+    "did not find an error. The regression test `tests/test_privacy_audit.py` runs the same "
+    "audit at small scale in the test suite (seconds) and also requires it to catch the "
+    "injected errors listed below.")
+MECHANISMS_TEXT = (
+    "**Mechanisms** (`experiments/privacy_audit.py`, driving the real `mechanisms` objects' "
+    "`sanitize`; the charge is what a real `PrivacyLedger` records for the release). "
+    "Euclidean Laplace is audited in one dimension, where its law meets the d-privacy "
+    "guarantee exactly, per unit of distance (two models at distance 1 for the fixed "
+    "calibration; updates ±‖δ‖ for the neighbourhood one, whose charge n/ν covers distance "
+    "‖δ‖). Gaussian and sign: the whole clipped update along the axis joining the two "
+    "centres; k = 2 reproduces the client's path with the real mechanism objects (each data "
+    "set picks a different hypothesis, 10·C apart, trains away from the other, and the "
+    "hypotheses' diameter is passed as the client passes it; the real client's own path is "
+    "driven by `tests/test_adversarial_server.py`). *exact* is the largest ε the release's law "
+    "allows for that pair at that δ: the gap from the charge to it is the accounting's slack "
+    "(RDP's conversion for the Gaussian, post-processing for the sign), the gap from it to the "
+    "bound the test's (its tails need more releases).")
+MIA_TEXT = (
+    "**Membership inference** (thesis 004 ch. 4, `experiments/mia.py`). One device's release "
+    "after one round of gpfl's own client (`client.numpy_client.GpflClient`, called in process "
+    "with the experiments' device policy) on a random half of the candidate records; loss "
+    "score (eq. 4.2), shadow-model calibration (shadows: the same client on random halves of "
+    "the candidates; each record calibrated by the shadows that did not train on it) and "
+    "noisy-neighbour calibration (Gaussian noise at the first layer's output, eq. 4.6, σ by a "
+    "golden-section search of the AUC on a calibration half). Every metric is taken on the "
+    "other half of the candidates. The ε columns are eq. 4.4 on the released model (each "
+    "record is one trial of one model, so they measure that model, not the mechanism); the "
+    "charged cost of each release is n/ν (Laplace, per distance ‖δ‖) or ε = 8 at δ = 1e-5 "
+    "(Gaussian, device level). Cost: seconds of this run for each calibration (shadow: "
+    "training and scoring the shadows; noisy: the σ search and scoring).")
+
+
+def _load(root: Path, name: str) -> tuple[list[dict[str, str]], dict[str, Any]] | None:
+    path = root / name / "results.csv"
+    if not path.is_file():
+        return None
+    meta = root / name / "meta.json"
+    return read_csv(path), (json.loads(meta.read_text()) if meta.is_file() else {})
+
+
+def _note(meta: dict[str, Any], name: str) -> str:
+    command = meta.get("command") or f"python -m experiments {name} --quick"
+    return (f"*Produced by `{command}` (profile **{meta.get('profile', '?')}**, finished "
+            f"{meta.get('finished', '?')}, {float(meta.get('runtime_s', 0.0)):.0f} s).*")
+
+
+def section(root: Path, doc: Path) -> list[str]:
+    """Return the Markdown lines of "Empirical privacy" (copying the MIA figure beside ``doc``)."""
+    out = ["## Empirical privacy", "", INTRO, "", MECHANISMS_TEXT, ""]
+    audit = _load(root, empirical_privacy.NAME)
+    if audit is None:
+        out += ["Not run yet: `python -m experiments empirical-privacy --quick`.", ""]
+    else:
+        out += [_note(audit[1], empirical_privacy.NAME), "", *empirical_privacy.table(audit[0]),
+                ""]
+    out += [MIA_TEXT, ""]
+    attacks = _load(root, mia.NAME)
+    if attacks is None:
+        out += ["Not run yet: `python -m experiments mia --quick`.", ""]
+        return out
+    out += [_note(attacks[1], mia.NAME), "", *mia.table(attacks[0]), ""]
+    figure = root / mia.NAME / "figures" / "mia_roc.png"
+    if figure.is_file():
+        target = doc.parent / "results" / mia.NAME
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(figure, target / figure.name)
+        out += [f"![mia: ROC](results/{mia.NAME}/{figure.name})", ""]
+    out += mia.findings(attacks[0])
+    return out
