@@ -6,8 +6,10 @@ inputs (k = 1, and k = 2 with data sets that choose different hypotheses), bound
 at 95 % confidence, and sets the bound beside the ledger's charge and the law's exact ε
 (``exact``: what an unbounded number of trials could approach). The ``power`` rows inject the
 accounting errors the regression test (tests/test_privacy_audit.py) must catch and show the
-bound each reaches; the ``false-positive`` rows repeat the test's tight Laplace audits over
-many seeds and count how often a correct mechanism would fail it.
+bound each reaches; the ``catch-rate`` rows repeat the test's audits under three of them over
+fresh seeds and count how often the error is caught (the test's power), and the
+``false-positive`` rows repeat its tight Laplace audits and count how often a correct mechanism
+would fail it.
 """
 
 from __future__ import annotations
@@ -31,9 +33,12 @@ COLUMNS = ("kind", "scenario", "mechanism", "k", "parameter", "delta", "unit", "
            "exact", "epsilon_lb", "confidence", "trials", "tpr", "fpr", "exceed_rate", "repeats",
            "seed")
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"laplace": 100_000, "gaussian": 1_000_000, "sign": 100_000, "repeats": 500},
-    "quick": {"laplace": 20_000, "gaussian": 100_000, "sign": 20_000, "repeats": 100},
-    "smoke": {"laplace": 2_000, "gaussian": 4_000, "sign": 2_000, "repeats": 5},
+    "full": {"laplace": 100_000, "gaussian": 1_000_000, "sign": 100_000, "repeats": 500,
+             "power_repeats": 200},
+    "quick": {"laplace": 20_000, "gaussian": 100_000, "sign": 20_000, "repeats": 100,
+              "power_repeats": 50},
+    "smoke": {"laplace": 2_000, "gaussian": 4_000, "sign": 2_000, "repeats": 5,
+              "power_repeats": 2},
 }
 #: The regression test's own settings (tests/test_privacy_audit.py).
 TEST_DELTA, TEST_LAPLACE, TEST_GAUSSIAN = 0.01, 4_000, 20_000
@@ -134,6 +139,11 @@ def grid(ctx: Context) -> list[Cell]:
                           {"kind": "false-positive", "scenario": label, "k": 1,
                            "parameter": 1.0, "seed": seed, "make": make,
                            "trials": TEST_LAPLACE, "repeats": profile["repeats"]}))
+    for label, inject, make, trials in POWER[:3]:
+        cells.append(Cell(f"catch-rate {label}",
+                          {"kind": "catch-rate", "scenario": label, "k": 1, "parameter": 1.0,
+                           "seed": seed, "make": make, "trials": trials, "inject": inject,
+                           "repeats": profile["power_repeats"]}))
     return cells
 
 
@@ -141,10 +151,12 @@ def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
     """Run one audit (under its injected error, or over many seeds)."""
     keys = cell.keys
     seed, trials = int(keys["seed"]), int(keys["trials"])
-    if keys["kind"] == "false-positive":
+    if keys["kind"] in ("false-positive", "catch-rate"):
         repeats = int(keys["repeats"])
-        results = [pa.audit(keys["make"](), trials=trials, seed=1000 + r)
-                   for r in range(repeats)]
+        inject = keys["inject"]() if keys["kind"] == "catch-rate" else contextlib.nullcontext()
+        with inject:
+            results = [pa.audit(keys["make"](), trials=trials, seed=1000 + r)
+                       for r in range(repeats)]
         exceed = sum(not r.consistent for r in results) / repeats
         return {"result": results[0], "exceed_rate": exceed, "trials": trials,
                 "repeats": repeats}
@@ -188,6 +200,10 @@ def table(rows: list[dict[str, str]]) -> list[str]:
             caught = "yes" if float(r["epsilon_lb"]) > float(r["charged"]) else "**NO**"
             lines.append(f"| {r['scenario']} | {fmt(float(r['charged']))} | "
                          f"{fmt(float(r['epsilon_lb']))} | {int(r['trials']):,} | {caught} |")
+    for r in (r for r in rows if r["kind"] == "catch-rate"):
+        lines += ["", f"Power of the regression test's audit against \"{r['scenario']}\" "
+                  f"({int(r['trials']):,} releases per input, fresh seeds): caught in "
+                  f"{fmt(100 * float(r['exceed_rate']))} % of {r['repeats']} repeats."]
     fp = [r for r in rows if r["kind"] == "false-positive"]
     for r in fp:
         lines += ["", f"False positives of the regression test's {r['scenario']} audit "
