@@ -26,7 +26,7 @@ def _rows(root: Path, name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1200)
 def test_the_audits_and_the_attacks_run_and_are_reported(tmp_path: Path) -> None:
     root = tmp_path / "runs"
 
@@ -35,7 +35,7 @@ def test_the_audits_and_the_attacks_run_and_are_reported(tmp_path: Path) -> None
     text = write_report(root, tmp_path / "docs" / "RESULTS.md").read_text()
 
     kinds = {r["kind"] for r in audit}
-    assert kinds == {"audit", "power", "false-positive", "catch-rate"}
+    assert kinds == {"audit", "power", "false-positive"}
     for r in audit:
         if r["kind"] == "audit":
             assert float(r["epsilon_lb"]) <= float(r["charged"]), r["scenario"]
