@@ -55,7 +55,8 @@ MIA_TEXT = (
 MIA_LIMITS = (
     "How to read it. An evaluation half holds about 100 members and 100 non-members per seed "
     "on digits (400 candidates) and about 75 of each on breast-cancer (300), so TPR at FPR "
-    "0.1 % can only be read at FPR 0, and the 95 % lower bound on ε, which splits that half again, has little power: "
+    "0.1 % can only be read at FPR 0, and the 95 % lower bound on ε, which splits that half "
+    "again, has little power: "
     "a bound of 0 there says the attack is too weak to certify anything at this size, not "
     "that the model is private. The point estimates of eq. 4.4 are the thesis's measure "
     "(Fig. 4.4); they carry no confidence. The Gaussian release at ε = 8 on one device is "
