@@ -140,6 +140,12 @@ def grid(ctx: Context) -> list[Cell]:
                            "inject": inject})
               for label, inject, make, trials in POWER
               if ctx.profile != "smoke" or trials <= TEST_GAUSSIAN]
+    # The floating-point leak the rounding of the scores keeps out of the accounting audit.
+    cells.append(Cell("float-leak laplace neighbourhood nu=2",
+                      {"kind": "float-leak", "scenario": "laplace neighbourhood nu=2, scores "
+                       "not rounded", "k": 1, "parameter": 2.0, "seed": seed,
+                       "make": functools.partial(pa.laplace_neighbourhood, 2.0),
+                       "trials": profile["laplace"]}))
     for label, make in (("laplace fixed eps=1", lambda: pa.laplace_fixed(1.0)),
                         ("laplace neighbourhood nu=1", lambda: pa.laplace_neighbourhood(1.0))):
         cells.append(Cell(f"false-positive {label}",
@@ -171,8 +177,9 @@ def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
         return {"result": results[0], "exceed_rate": exceed, "trials": trials,
                 "repeats": repeats}
     context = keys["inject"]() if keys["kind"] == "power" else contextlib.nullcontext()
+    resolution = None if keys["kind"] == "float-leak" else pa.RESOLUTION
     with context:
-        result = pa.audit(keys["make"](), trials=trials, seed=seed)
+        result = pa.audit(keys["make"](), trials=trials, seed=seed, resolution=resolution)
     return {"result": result, "exceed_rate": None, "trials": trials, "repeats": None}
 
 
@@ -214,6 +221,15 @@ def table(rows: list[dict[str, str]]) -> list[str]:
         lines += ["", f"Power of the regression test's audit against \"{r['scenario']}\" "
                   f"({int(r['trials']):,} releases per input, fresh seeds): caught in "
                   f"{fmt(100 * float(r['exceed_rate']))} % of {r['repeats']} repeats."]
+    for r in (r for r in rows if r["kind"] == "float-leak"):
+        lines += ["", f"The last bit of the release ({r['scenario']}, "
+                  f"{int(r['trials']):,} releases per input): lower bound "
+                  f"{fmt(float(r['epsilon_lb']))} per unit against a charge of "
+                  f"{fmt(float(r['charged']))}. Unrounded, the test picks the float lattice "
+                  "that fl(x + ρ) lands on, which differs between the two inputs (Mironov "
+                  "2012): a real leak of floating-point noise, listed among gpfl's known "
+                  "leaks, not an accounting error; every other audit rounds its scores to "
+                  f"{pa.RESOLUTION:g} so as to measure the accounting."]
     fp = [r for r in rows if r["kind"] == "false-positive"]
     for r in fp:
         lines += ["", f"False positives of the regression test's {r['scenario']} audit "

@@ -291,8 +291,10 @@ def _ci(rows: Sequence[dict[str, str]], column: str, digits: int = 3) -> str:
     mean, half, n = mean_ci(values)
     if n == 0:
         return "-"
-    return fmt(mean, digits) if n == 1 or math.isnan(half) else \
+    text = fmt(mean, digits) if n == 1 or math.isnan(half) else \
         f"{fmt(mean, digits)} ± {fmt(half, 2)}"
+    # eq. 4.4 is undefined where no record passes at FPR ≤ 1 %: say over how many seeds.
+    return text if n == len(rows) else f"{text} ({n} of {len(rows)} seeds)"
 
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,

@@ -53,6 +53,7 @@ from mechanisms import (
 )
 
 __all__ = [
+    "RESOLUTION",
     "AuditResult",
     "EpsilonBound",
     "Scenario",
@@ -240,17 +241,31 @@ def charged(mechanism: Mechanism, reference: Layers, updated: Layers, *, delta: 
     return spend.d_privacy if event.family == "d-privacy" else spend.epsilon
 
 
-def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95,
-          seed: int = 0) -> AuditResult:
-    """Run ``trials`` releases on each input, bound ε, and compare with the ledger's charge."""
+#: The resolution the scores are rounded to (see :func:`audit`).
+RESOLUTION = 1e-9
+
+
+def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95, seed: int = 0,
+          resolution: float | None = RESOLUTION) -> AuditResult:
+    """Run ``trials`` releases on each input, bound ε, and compare with the ledger's charge.
+
+    ``resolution``: the scores are rounded to this before the test, so that the audit measures
+    the mechanism's law and its accounting. Unrounded, the test can pick the last bit of the
+    release: ``fl(x + ρ)`` lands on a lattice of floats that depends on x (Mironov 2012), and
+    the one-dimensional Laplace pairs here are told apart by it far beyond their ε. That leak
+    of floating-point sampling is real and listed among gpfl's known leaks; ``None`` keeps it
+    in view (the ``empirical-privacy`` experiment shows it).
+    """
     noise, split = np.random.default_rng(np.random.SeedSequence([seed, 0])), \
         np.random.default_rng(np.random.SeedSequence([seed, 1]))
     ya = releases(scenario.mechanism, *scenario.a, spread=scenario.spread, trials=trials,
                   rng=noise)
     yb = releases(scenario.mechanism, *scenario.b, spread=scenario.spread, trials=trials,
                   rng=noise)
-    bound = epsilon_lower_bound(scenario.score(ya), scenario.score(yb), delta=scenario.delta,
-                                confidence=confidence, rng=split)
+    sa, sb = scenario.score(ya), scenario.score(yb)
+    if resolution is not None:
+        sa, sb = np.round(sa / resolution) * resolution, np.round(sb / resolution) * resolution
+    bound = epsilon_lower_bound(sa, sb, delta=scenario.delta, confidence=confidence, rng=split)
     cost = charged(scenario.mechanism, *scenario.a, delta=scenario.delta)
     d = scenario.distance
     if d != 1.0:

@@ -4,6 +4,8 @@ Each audit drives the real mechanism object's ``sanitize`` on two neighbouring i
 (`experiments.privacy_audit`), bounds ε from below with a likelihood-ratio threshold test
 chosen on one half of the releases and counted on the other, with Clopper–Pearson bounds at
 95 % confidence, and compares the bound with what a real `mechanisms.PrivacyLedger` charges.
+The scores are rounded to 1e-9 (`experiments.privacy_audit.RESOLUTION`): unrounded, the test can
+read the last bit of a release, the known floating-point leak, which is not an accounting error.
 
 Sample sizes and false-positive rates (the audits are seeded, so each outcome is fixed; the
 rates say how likely a different seed or RNG stream is to fail a correct mechanism):
