@@ -35,7 +35,7 @@ def test_the_audits_and_the_attacks_run_and_are_reported(tmp_path: Path) -> None
     text = write_report(root, tmp_path / "docs" / "RESULTS.md").read_text()
 
     kinds = {r["kind"] for r in audit}
-    assert kinds == {"audit", "power", "false-positive"}
+    assert kinds == {"audit", "power", "float-leak", "false-positive"}
     for r in audit:
         if r["kind"] == "audit":
             assert float(r["epsilon_lb"]) <= float(r["charged"]), r["scenario"]
