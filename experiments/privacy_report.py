@@ -35,7 +35,9 @@ MECHANISMS_TEXT = (
     "centres; k = 2 reproduces the client's path with the real mechanism objects (each data "
     "set picks a different hypothesis, 10·C apart, trains away from the other, and the "
     "hypotheses' diameter is passed as the client passes it; the real client's own path is "
-    "driven by `tests/test_adversarial_server.py`). *exact* is the largest ε the release's law "
+    "driven by `tests/test_adversarial_server.py`); its rows repeat k = 1's number for "
+    "number, as they should: with σ = z·(2C + D) the projected law is the same, and both "
+    "audits draw the same seeds. *exact* is the largest ε the release's law "
     "allows for that pair at that δ: the gap from the charge to it is the accounting's slack "
     "(RDP's conversion for the Gaussian, post-processing for the sign), the gap from it to the "
     "bound the test's (its tails need more releases).")
