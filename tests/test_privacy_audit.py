@@ -12,17 +12,20 @@ rates say how likely a different seed or RNG stream is to fail a correct mechani
 
 * Euclidean Laplace, 4,000 releases per input (2,000 counted): the law meets its guarantee
   exactly in one dimension, so a correct mechanism fails with probability at most 5 % by
-  construction (the Clopper–Pearson coverage); `python -m experiments empirical-privacy`
-  measures it over many seeds (docs/RESULTS.md, "Empirical privacy").
+  construction (the Clopper–Pearson coverage); `python -m experiments empirical-privacy --quick`
+  measures it over fresh seeds: 0 of 100 (fixed) and 1 of 100 (neighbourhood) exceeded the
+  charge (docs/RESULTS.md, "Empirical privacy").
 * Gaussian and sign at δ = 0.01, 20,000 releases per input: the charge (RDP) is above the
   law's exact ε (0.81 and 0.35 at a charged 1.0), so a correct mechanism would need the test to
   overshoot the truth by ≥ 0.19; a false positive has probability far below 5 %.
 
 The second half of the file injects the errors the test exists for (a halved noise scale, a
 hypothesis choice left out of σ, an unclipped update) and requires the audit to catch each, so
-that the detector cannot silently lose its power. δ = 0.01 is used rather than the default
-1e-5 because the test's power comes from the tails: at δ = 1e-5 catching a halved σ needs about
-ten times the releases (`python -m experiments empirical-privacy` shows it with 200,000).
+that the detector cannot silently lose its power. Over fresh seeds the same experiment caught
+the halved noise in 50 of 50 repeats for each of Gaussian, Laplace fixed and neighbourhood.
+δ = 0.01 is used rather than the default 1e-5 because the test's power comes
+from the tails: at δ = 1e-5 catching a halved σ needs about ten times the releases
+(`python -m experiments empirical-privacy` shows it with 200,000).
 """
 
 from __future__ import annotations
