@@ -33,6 +33,8 @@ EXPERIMENTS: dict[str, str] = {
     "personalized-budgets": "experiments.personalized_budgets",
     "dlg": "experiments.dlg_audit",
     "scale": "experiments.scale",
+    "empirical-privacy": "experiments.empirical_privacy",
+    "mia": "experiments.mia",
 }
 COMMANDS = (*EXPERIMENTS, "all", "report")
 
