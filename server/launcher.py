@@ -287,7 +287,9 @@ def describe(result: LaunchResult) -> str:
     if result.died:
         lines.append("gpfl: exited during the run: " + ", ".join(
             f"{name} (code {code})" for name, code in sorted(result.died.items())))
-    if not result.finished:
+    if result.status == "diverged":
+        lines.append(f"gpfl: run diverged: {s.get('incomplete_reason')}")
+    elif not result.finished:
         lines.append(f"gpfl: run incomplete: {s.get('incomplete_reason')}; continue it with "
                      f"`gpfl launch --resume {result.out_dir}`")
     return "\n".join(lines)

@@ -4,8 +4,9 @@ After every round the checkpoint (:mod:`server.checkpoint`) and then the summary
 (atomically), so a run that is interrupted still leaves what it had learnt and can be resumed,
 and the final file is complete once the last round is recorded. The summary's ``status`` says
 where the run stands: ``running`` (also what a killed or crashed ServerApp leaves behind),
-``complete``, ``stopped-early`` (patience ran out) or ``incomplete`` (``incomplete_reason``
-says why, e.g. too few devices connected).
+``complete``, ``stopped-early`` (patience ran out), ``incomplete`` (``incomplete_reason``
+says why, e.g. too few devices connected) or ``diverged`` (the devices refused the hypotheses:
+some devices' releases pushed them away; ``incomplete_reason`` names them; not resumable).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 logger = logging.getLogger(__name__)
 
 ROUND_TAG = "[gpfl]"
-STATUSES = ("running", "complete", "stopped-early", "incomplete")
+STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged")
 
 
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
@@ -316,6 +317,8 @@ class RunRecorder:
     def status(self) -> tuple[str, str | None]:
         """Return the run's status (one of :data:`STATUSES`) and why it is incomplete."""
         s = self.strategy
+        if getattr(s, "diverged", False):
+            return "diverged", s.incomplete_reason
         if s.incomplete_reason is not None:
             return "incomplete", s.incomplete_reason
         if s.stopped_early:

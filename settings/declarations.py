@@ -182,6 +182,14 @@ _DECLARATIONS: tuple[Setting, ...] = (
             group="aggregation", choices=("mean", "weighted", "probability", "inverse-variance")),
     Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
             group="aggregation", minimum=0.0, open_minimum=True),
+    # -- robust aggregation ----------------------------------------------------------------------
+    # What a cluster becomes when some of its members may lie (strategies.robust); chosen from
+    # the measurements of docs/RESULTS.md ("Rogue devices").
+    Setting("cluster-aggregator", str, "clipped-mean",
+            "what each cluster becomes: the (budget-weighted) mean of the releases clipped to "
+            "the round's median distance, their plain mean, or a coordinate-wise median, "
+            "trimmed mean or multi-Krum", group="aggregation",
+            choices=("clipped-mean", "mean", "median", "trimmed-mean", "krum")),
     # -- tasks -----------------------------------------------------------------------------------
     Setting("data-seed", int, 0, "generates or splits the task's data (public)", group="tasks",
             minimum=0),
