@@ -239,6 +239,9 @@ def launch(
                       f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
         # A ServerApp that dies says nothing: its summary still reads "running".
         summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
+        # The devices first: a release in flight when the run ended (a SuperLink killed
+        # mid-round) is charged on the device a moment later, and must be in the report.
+        fed.stop_supernodes()
         summary = add_ledgers(out, summary, ledger_paths)
         figure = plot_summary(summary, out / "figure.png")
         if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":

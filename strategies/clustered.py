@@ -92,8 +92,7 @@ class ClusteredStrategy(RecordedStrategy):
     aggregation : str
         One of :data:`strategies.AGGREGATIONS`; how the releases of a cluster are weighted.
     cluster_aggregator : str
-        One of :data:`strategies.robust.CLUSTER_AGGREGATORS`: ``mean`` (weighted by
-        ``aggregation``) or a robust aggregate of each cluster.
+        One of :data:`strategies.robust.CLUSTER_AGGREGATORS`: what each cluster becomes.
     server_learning_rate : float
         Step of the sign release's update θ ← θ + η·sign(weighted mean of the signs).
     norm_limits : NormLimits, optional
@@ -201,8 +200,7 @@ class ClusteredStrategy(RecordedStrategy):
                                    need_sigma=self.aggregation != "mean", limits=limits)
 
         self.incomplete_reason: str | None = None
-        #: Whether the run stopped because the devices refused its hypotheses (pushed away).
-        self.diverged = False
+        self.diverged = False  # the devices refused the hypotheses (intake.pushed_away)
         # _flat is never modified in place (each round makes a new matrix), so keeping a
         # reference to the best one costs nothing.
         self._best_flat = self._flat
@@ -320,7 +318,6 @@ class ClusteredStrategy(RecordedStrategy):
         pushed = pushed_away(t, intake, self.clients)
         if pushed is not None:  # the run ends after this round (configure_fit: no clients)
             self.incomplete_reason, self.diverged = pushed, True
-            _LOG.error("%s; the run stops here", pushed)
 
         labels = np.zeros(m, dtype=np.intp)
         kept: str | None = None

@@ -114,9 +114,11 @@ def pushed_away(server_round: int, intake: Intake,
     named = (", ".join(f"{name} ({pulls[name]:.3g} x the median distance on average)"
                        for name in pullers[:10])
              if pullers else "no device stands out (every accepted release lay near the median)")
-    return (f"round {server_round}: the hypotheses were pushed away: {len(intake.refusing)} of "
+    text = (f"round {server_round}: the hypotheses were pushed away: {len(intake.refusing)} of "
             f"{intake.answering} devices refused them ({device}: {reason[:200]}); the releases "
             f"that moved them came from {named}")
+    _LOG.error("%s; the run stops here", text)
+    return text
 
 
 class ReplyScreen:

@@ -1,0 +1,133 @@
+"""Over real Flower processes: no privacy spent on rounds that cannot count, and nothing left
+running when the launcher dies.
+
+* A device restarted within the SuperLink's heartbeat window (its dead node still registered)
+  is counted under its name; a device that dies with ``min-replies`` equal to the devices
+  costs the others one round at most, not every remaining round (one federation).
+* ``kill -9`` of ``gpfl launch`` leaves no process (checked by PID and start time).
+
+Kept small: 3 SuperNodes and a few rounds (a round costs ~6-12 s here, a deadline 15 s).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from mechanisms import PrivacyLedger
+from server.launcher import Federation, launch
+from tests.conftest import flower_processes
+from tests.test_integration_faults import signal_tree
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.timeout(420)
+def test_a_restarted_device_is_counted_and_a_dead_one_costs_the_others_nothing_more(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: 3 devices (client-0..2), all asked every round, min-replies 3, a 15 s deadline.
+    # Once round 1 is recorded SuperNode 1 is restarted (a new node id; its old one stays
+    # registered ~60 s); once the next round is recorded SuperNode 2 is killed for good.
+    events: list[str] = []
+
+    def chaos(line: str, fed: Federation) -> None:
+        if "[gpfl] round " not in line:
+            return
+        if not events:
+            fed.restart_supernode(1)
+            events.append("restarted")
+        elif events == ["restarted"]:
+            signal_tree(fed.procs.procs["supernode-2"].pid, signal.SIGKILL)
+            events.append("killed")
+
+    out = tmp_path / "run"
+    result = launch(
+        supernodes=3, out_dir=out, echo=lambda _: None, timeout=380,
+        run_config={"num-rounds": 8, "clients-per-round": 4, "min-replies": 3, "patience": 0,
+                    "seed": 9, "round-timeout": 15.0},
+        on_line=chaos,
+    )
+
+    # Assert: the restarted device's replies were counted under its name (before: "name
+    # 'client-1' belongs to node ..." after it charged, while its old node was registered).
+    summary = result.summary
+    history = {entry["round"]: entry for entry in summary["history"] if entry["round"]}
+    assert events == ["restarted", "killed"]
+    assert not [d for e in history.values() for d in e["dropped"] if "belongs to" in d[1]]
+    client = summary["privacy"]["per_client"]["client-1"]
+    assert len(client["node_ids"]) == 2 and client["participations"] >= 2
+    # Assert: the first round that missed the dead device could not count (2 < 3) and was the
+    # last one asked: before the quorum check, every later round charged the two live devices
+    # again while the dead one stayed registered. The run stops, resumable.
+    dead = min(t for t, e in history.items() if "client-2" in e["missing"])
+    assert history[dead]["kept"] and max(history) == dead
+    assert result.status == "incomplete"
+    assert "answered their last round, min-replies=3" in summary["incomplete_reason"]
+    spent = PrivacyLedger(out / "ledgers" / "client-0.json", delta=1e-5).spent()
+    assert spent.releases == dead  # one release a round, none after the death was known
+    assert flower_processes() == []
+
+
+def _descendants(pid: int) -> list[tuple[int, float]]:
+    try:
+        return [(p.pid, p.create_time()) for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _alive(pid: int, started: float) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return (abs(proc.create_time() - started) < 0.01
+                and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.timeout(300)
+def test_kill_9_of_the_launcher_leaves_no_process(tmp_path: Path) -> None:
+    # Prepare: `gpfl launch` (2 SuperNodes, 30 rounds) in its own session, running round 2.
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "launch", "--supernodes", "2", "--out",
+         str(tmp_path / "run"), "--run-config", "num-rounds=30 clients-per-round=2 patience=0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent)
+    seen: list[tuple[int, float]] = []
+    try:
+        assert launcher.stdout is not None
+        for line in launcher.stdout:
+            seen.extend(p for p in _descendants(launcher.pid) if p not in seen)
+            if "[gpfl] round 1/30" in line:
+                break
+        time.sleep(2)  # round 2's ClientApps are running
+        seen.extend(p for p in _descendants(launcher.pid) if p not in seen)
+        names = {psutil.Process(pid).name() for pid, _ in seen if _alive(pid, _)}
+        assert len(seen) >= 6, names  # SuperLink, SuperNodes, flwr run, SuperExecs, ...
+
+        # Execute
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
+
+        # Assert: every process it had started is gone within the watchdog's grace period
+        # (before the watchdog: 16 processes ran on, and the orphaned ServerApp finished the run).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(p, t) for p, t in seen):
+            time.sleep(0.5)
+        left = [f"{p} {psutil.Process(p).name()}" for p, t in seen if _alive(p, t)]
+        assert left == []
+    finally:
+        for pid, started in seen:  # never leave anything behind, whatever happened
+            if _alive(pid, started):
+                psutil.Process(pid).kill()
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        if launcher.stdout is not None:
+            launcher.stdout.close()
