@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +33,7 @@ from server.federation import (
 from server.processes import ProcessWatch
 from server.results import ROUND_TAG, mark_incomplete, plot_summary
 from server.rundir import FINISHED, add_ledgers, save_launch
+from server.settings import RunSettings
 from settings import SettingError, check_node_config, check_run_config
 from settings.render import toml_value
 
@@ -74,6 +76,20 @@ class LaunchResult:
     def finished(self) -> bool:
         """Whether the run did all it was asked to (every round, or stopped early)."""
         return self.status in FINISHED
+
+
+def _check_writable(folder: Path) -> None:
+    """Refuse, at start, a ledger folder the devices could not write.
+
+    Each device would otherwise fail every round, after training, with a generic reason.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gpfl-check-"):
+            pass
+    except OSError as err:
+        raise LaunchError(f"ledger-dir={str(folder)!r} is not writable: {err.strerror or err}; "
+                          "give a folder the devices can write") from None
 
 
 def _raise_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -163,6 +179,8 @@ def launch(
         # Everything is checked before any process starts: a bad key or value fails here,
         # within a second, naming the key, the value and what is allowed.
         check_run_config(config)
+        # The combinations too (min-replies > clients-per-round, ...), not only each key.
+        run_settings = RunSettings.from_run_config(config)
         check_node_config(device_policy, source="launch policy")
         for i, node in nodes.items():
             check_node_config(node, source=f"node config of SuperNode {i}")
@@ -171,6 +189,9 @@ def launch(
     if simulation and node_configs:
         raise LaunchError("--node-config needs real SuperNodes; on the Simulation Engine every "
                           "virtual node applies the launch policy (--policy)")
+    if not simulation and run_settings.min_replies > supernodes:
+        raise LaunchError(f"min-replies={run_settings.min_replies} can never be reached with "
+                          f"--supernodes {supernodes}: a round gets at most one reply a device")
     unused = sorted((set(node_configs or {}) | set(node_env or {})) - set(nodes))
     if unused:
         raise LaunchError(f"--node-config names SuperNodes {unused}, but there are only "
@@ -185,6 +206,8 @@ def launch(
     # over the launch policy): read back after the run.
     ledger_paths = [DevicePolicy.load({"policy-file": str(policy_file), **node}).ledger_path
                     for node in nodes.values()]
+    for path in ledger_paths:
+        _check_writable(path.parent)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:

@@ -279,3 +279,17 @@ def test_meta_keeps_the_runtime_of_the_invocation_that_ran_the_federations(
     other = Context(name="x", out=tmp_path, cache=tmp_path / "_runs", profile="smoke")
     other.write_meta(time.monotonic())
     assert json.loads((tmp_path / "meta.json").read_text())["compute_s"] < 1
+
+
+def test_the_report_keeps_the_sections_after_its_marker(tmp_path: Path) -> None:
+    from experiments.report import KEPT_MARKER
+
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir()
+    doc.write_text(f"old generated text\n\n{KEPT_MARKER}\n\n## Rogue devices\n\n| a | b |\n")
+
+    text = write_report(tmp_path / "runs", doc).read_text()
+
+    assert "old generated text" not in text
+    assert text.endswith(f"{KEPT_MARKER}\n\n## Rogue devices\n\n| a | b |\n")
+    assert write_report(tmp_path / "runs", doc).read_text().count("## Rogue devices") == 1
