@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from client.policy import DevicePolicy
+from server.checkpoint import CHECKPOINT_NAME
 from server.federation import (
     CONNECTION,
     Federation,
@@ -223,56 +224,16 @@ def launch(
             keys = make_supernode_keys(out / "certs" / "supernodes", supernodes)
     fed = Federation(workdir=out, tls=tls_files)
     try:
-        if simulation:
-            echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
-                 f"logs in {fed.logs}")
-            # Virtual nodes get no node config of their own: their device settings come
-            # from the policy file named by the environment of the process that runs them.
-            fed.extra_env["GPFL_POLICY"] = str(policy_file)
-            fed.start_superlink(simulation_supernodes=supernodes)
-        else:
-            echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")
-            fed.start_superlink(extra_args=["--enable-supernode-auth"] if auth else None)
-            for key in keys:
-                fed.register_supernode(key.public_key)
-            for i, node in nodes.items():
-                node = {"policy-file": str(policy_file), **node}
-                fed.start_supernode(i, node, env=(node_env or {}).get(i), extra_args=(
-                    ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
-        proc = fed.submit(app_dir, config)
-        with ProcessWatch(fed.procs, echo) as watch:
-            for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
-                if ROUND_TAG in line:
-                    echo(line[line.index(ROUND_TAG):])
-                elif "ERROR" in line or "Traceback" in line:
-                    echo(line)
-                if on_line is not None:
-                    on_line(line, fed)
-        watch.check()
-        summary_path = out / "summary.json"
-        if not summary_path.exists():
-            raise LaunchError(
-                f"the run ended (flwr run exit code {proc.returncode}) without writing "
-                f"{summary_path}; see {fed.logs}"
-            )
-        if "superlink" in watch.died:
-            reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run"
-        else:
-            reason = (f"the ServerApp ended before the run did (flwr run exit code "
-                      f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
-        # A ServerApp that dies says nothing: its summary still reads "running".
-        summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
-        # The devices first: a release in flight when the run ended (a SuperLink killed
-        # mid-round) is charged on the device a moment later, and must be in the report.
-        fed.stop_supernodes()
-        summary = add_ledgers(out, summary, ledger_paths)
-        figure = plot_summary(summary, out / "figure.png")
-        if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
-            raise LaunchError(
-                f"no round completed (every client failed or declined); see the SuperNode "
-                f"logs in {fed.logs}"
-            )
-        return LaunchResult(out, summary, figure, proc.returncode or 0, dict(watch.died))
+        return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,
+                    policy_file=policy_file, node_env=node_env, keys=keys, auth=auth,
+                    app_dir=app_dir, config=config, echo=echo, timeout=timeout,
+                    on_line=on_line, ledger_paths=ledger_paths)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on.
+        mark_incomplete(out, "interrupted (Ctrl-C or SIGTERM)")
+        if (out / CHECKPOINT_NAME).is_file():
+            echo(f"gpfl: interrupted; continue it with `gpfl launch --resume {out}`")
+        raise
     finally:
         left = fed.close()
         if left:
@@ -280,6 +241,63 @@ def launch(
         if in_main:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
+         nodes: dict[int, dict[str, Any]], policy_file: Path, node_env: Any, keys: list[Any],
+         auth: bool, app_dir: Path, config: dict[str, Any], echo: Callable[[str], None],
+         timeout: float, on_line: Any, ledger_paths: list[Path]) -> LaunchResult:
+    """Start the federation, run the app, and read its results (:func:`launch`'s body)."""
+    if simulation:
+        echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
+             f"logs in {fed.logs}")
+        # Virtual nodes get no node config of their own: their device settings come
+        # from the policy file named by the environment of the process that runs them.
+        fed.extra_env["GPFL_POLICY"] = str(policy_file)
+        fed.start_superlink(simulation_supernodes=supernodes)
+    else:
+        echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")
+        fed.start_superlink(extra_args=["--enable-supernode-auth"] if auth else None)
+        for key in keys:
+            fed.register_supernode(key.public_key)
+        for i, node in nodes.items():
+            node = {"policy-file": str(policy_file), **node}
+            fed.start_supernode(i, node, env=(node_env or {}).get(i), extra_args=(
+                ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
+    proc = fed.submit(app_dir, config)
+    with ProcessWatch(fed.procs, echo) as watch:
+        for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
+            if ROUND_TAG in line:
+                echo(line[line.index(ROUND_TAG):])
+            elif "ERROR" in line or "Traceback" in line:
+                echo(line)
+            if on_line is not None:
+                on_line(line, fed)
+    watch.check()
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        raise LaunchError(
+            f"the run ended (flwr run exit code {proc.returncode}) without writing "
+            f"{summary_path}; see {fed.logs}"
+        )
+    if "superlink" in watch.died:
+        reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run"
+    else:
+        reason = (f"the ServerApp ended before the run did (flwr run exit code "
+                  f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
+    # A ServerApp that dies says nothing: its summary still reads "running".
+    summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
+    # The devices first: a release in flight when the run ended (a SuperLink killed
+    # mid-round) is charged on the device a moment later, and must be in the report.
+    fed.stop_supernodes()
+    summary = add_ledgers(out, summary, ledger_paths)
+    figure = plot_summary(summary, out / "figure.png")
+    if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
+        raise LaunchError(
+            f"no round completed (every client failed or declined); see the SuperNode "
+            f"logs in {fed.logs}"
+        )
+    return LaunchResult(out, summary, figure, proc.returncode or 0, dict(watch.died))
 
 
 def _number(value: Any) -> str:

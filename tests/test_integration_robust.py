@@ -11,6 +11,7 @@ Kept small: 3 SuperNodes and a few rounds (a round costs ~6-12 s here, a deadlin
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -129,3 +130,28 @@ def test_kill_9_of_the_launcher_leaves_no_process(tmp_path: Path) -> None:
             launcher.wait()
         if launcher.stdout is not None:
             launcher.stdout.close()
+
+
+@pytest.mark.timeout(200)
+def test_an_interrupted_launch_says_incomplete_and_how_to_resume(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: Ctrl-C (the launcher's KeyboardInterrupt) once round 1 is recorded.
+    def interrupt(line: str, fed: Federation) -> None:
+        if "[gpfl] round 1/5" in line:
+            raise KeyboardInterrupt
+
+    lines: list[str] = []
+    out = tmp_path / "run"
+
+    # Execute
+    with pytest.raises(KeyboardInterrupt):
+        launch(supernodes=2, out_dir=out, echo=lines.append, timeout=150, on_line=interrupt,
+               run_config={"num-rounds": 5, "clients-per-round": 2, "patience": 0})
+
+    # Assert: before, the summary said "running" and nothing said how to go on.
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "incomplete"
+    assert summary["incomplete_reason"] == "interrupted (Ctrl-C or SIGTERM)"
+    assert f"gpfl: interrupted; continue it with `gpfl launch --resume {out}`" in lines
+    assert flower_processes() == []

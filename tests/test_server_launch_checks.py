@@ -34,3 +34,17 @@ def test_an_unwritable_ledger_dir_is_refused_at_start(tmp_path: Path) -> None:
         launch(supernodes=2, out_dir=tmp_path / "run", policy={"ledger-dir": str(
             blocker / "ledgers")}, echo=lambda _: None)
     assert flower_processes() == []
+
+
+def test_a_truncated_checkpoint_is_refused_before_the_federation_starts(tmp_path: Path) -> None:
+    from server.checkpoint import CHECKPOINT_NAME
+    from server.rundir import LAUNCH_FILE, ResumeError, resume_arguments
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LAUNCH_FILE).write_text('{"supernodes": 2, "run_config": {}}')
+    (run / CHECKPOINT_NAME).write_bytes(b"PK\x03\x04 truncated")
+    (run / "summary.json").write_text('{"status": "incomplete", "incomplete_reason": "stale"}')
+
+    with pytest.raises(ResumeError, match="is not a readable checkpoint.*start the run anew"):
+        resume_arguments(run)
