@@ -30,7 +30,7 @@ def test_a_quorum_no_round_can_meet_is_refused_at_start(
 def test_an_unwritable_ledger_dir_is_refused_at_start(tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with pytest.raises(LaunchError, match="ledger-dir=.*a-file/ledgers.* is not writable"):
+    with pytest.raises(LaunchError, match=r"ledger-dir=.*a-file/ledgers.* is not writable"):
         launch(supernodes=2, out_dir=tmp_path / "run", policy={"ledger-dir": str(
             blocker / "ledgers")}, echo=lambda _: None)
     assert flower_processes() == []
@@ -46,5 +46,5 @@ def test_a_truncated_checkpoint_is_refused_before_the_federation_starts(tmp_path
     (run / CHECKPOINT_NAME).write_bytes(b"PK\x03\x04 truncated")
     (run / "summary.json").write_text('{"status": "incomplete", "incomplete_reason": "stale"}')
 
-    with pytest.raises(ResumeError, match="is not a readable checkpoint.*start the run anew"):
+    with pytest.raises(ResumeError, match=r"is not a readable checkpoint.*start the run anew"):
         resume_arguments(run)
