@@ -18,13 +18,14 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from mechanisms import PrivacyLedger
 from server.launcher import Federation, launch
 from tests.conftest import flower_processes
-from tests.test_integration_faults import signal_tree
+from tests.test_integration_faults import ROGUE_CLIENT, rogue_app, signal_tree
 
 pytestmark = pytest.mark.integration
 
@@ -154,4 +155,56 @@ def test_an_interrupted_launch_says_incomplete_and_how_to_resume(
     assert summary["status"] == "incomplete"
     assert summary["incomplete_reason"] == "interrupted (Ctrl-C or SIGTERM)"
     assert f"gpfl: interrupted; continue it with `gpfl launch --resume {out}`" in lines
+    assert flower_processes() == []
+
+
+#: Appended to a copy of the client: the device named client-1 charges its ledger honestly, then
+#: releases hypothesis 0 moved 600 x the hypotheses' diameter away from hypothesis 1 (the attack
+#: that, under the old screening, took a hypothesis to 4.6e3, 7.0e5, 4.2e8 in three rounds).
+FAR_ROGUE = """
+
+import numpy as _np
+
+_honest_fit = GpflClient.fit
+
+
+def _rogue_fit(self, parameters, config):
+    arrays, count, metrics = _honest_fit(self, parameters, config)
+    if self.policy.client_name != "client-1" or not arrays or len(parameters) < 2:
+        return arrays, count, metrics
+    h0, h1 = (_np.asarray(p, dtype=_np.float64).ravel() for p in parameters[:2])
+    away = h0 - h1
+    diameter = max(float(_np.linalg.norm(away)), 1e-3)
+    release = h0 + 600.0 * diameter * away / max(float(_np.linalg.norm(away)), 1e-12)
+    return [release.astype(_np.float32).reshape(arrays[0].shape)], count, metrics
+
+
+GpflClient.fit = _rogue_fit
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_far_releasing_rogue_over_real_processes_cannot_blow_the_hypotheses_up(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: 3 devices, all asked every round; client-1 runs the far-releasing rogue.
+    app = rogue_app(tmp_path / "rogue-app")
+    client = app / "client" / "numpy_client.py"
+    client.write_text(client.read_text().replace(ROGUE_CLIENT, FAR_ROGUE))
+
+    # Execute
+    result = launch(
+        supernodes=3, out_dir=tmp_path / "run", echo=lambda _: None, timeout=260, app_dir=app,
+        run_config={"num-rounds": 4, "clients-per-round": 3, "patience": 0, "seed": 4},
+        node_env={1: {"PYTHONPATH": str(app)}},
+    )
+
+    # Assert: every round ran and the hypotheses stayed in the task's range (before: 4.6e3,
+    # 7.0e5, 4.2e8, then every honest device refused them and the run still ended "complete").
+    summary = result.summary
+    assert result.status == "complete" and summary["rounds_completed"] == 4
+    for entry in summary["history"][1:]:
+        assert entry["failures"] == 0, entry  # no device refused the hypotheses
+    values = np.array(summary["last_hypotheses"], dtype=float)
+    assert np.isfinite(values).all() and np.abs(values).max() < 50
     assert flower_processes() == []
