@@ -75,6 +75,9 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             "budget_epsilon": float(metrics.get("budget-epsilon", 0.0)),
             "budget_delta": float(metrics.get("budget-delta", 0.0)),
             "sigma": float(metrics.get("sigma", 0.0)),
+            # Σ over its accepted releases of distance / the round's median (~1 a release for
+            # an honest device; strategies.records.ClientRecord.pull).
+            "pull": float(getattr(record, "pull", 0.0)),
         }
         if name in per_client:
             old = per_client[name]
@@ -84,6 +87,7 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             for key in _MAXIMA:
                 values = [v for v in (old[key], entry[key]) if v is not None]
                 merged[key] = max(values) if values else None
+            merged["pull"] = old["pull"] + entry["pull"]
             merged["node_ids"] = [*old["node_ids"], cid]
             entry = merged
         per_client[name] = entry
