@@ -120,6 +120,10 @@ def _profile_note(meta: dict[str, Any]) -> str:
     return note + ".*"
 
 
+#: Everything after this line of docs/RESULTS.md is kept when the report is regenerated.
+KEPT_MARKER = "<!-- Kept by `python -m experiments report`: measured by the commands below. -->"
+
+
 def write_report(root: Path, doc: Path) -> Path:
     """Write the report from the outputs under ``root``; return its path."""
     root = Path(root)
@@ -190,6 +194,10 @@ def write_report(root: Path, doc: Path) -> Path:
         out += experiments[name].report(rows)
         out += ["", *_figures(root, name, doc), ""]
     out += _differences()
+    # Sections measured by other commands (each names its own) follow the marker: kept.
+    kept = doc.read_text(encoding="utf-8").split(KEPT_MARKER, 1) if doc.is_file() else []
+    if len(kept) == 2:
+        out += ["", KEPT_MARKER + kept[1].rstrip()]
     doc.write_text("\n".join(out).rstrip() + "\n", encoding="utf-8")
     return doc
 

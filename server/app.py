@@ -157,6 +157,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         round_timeout=settings.round_timeout,
         release="sign" if settings.mechanism == "sign" else "parameters",
         aggregation=settings.aggregation,
+        cluster_aggregator=settings.values["cluster-aggregator"],
         server_learning_rate=settings.server_learning_rate,
         norm_limits=norm_limits(settings),
         evaluate_fn=evaluate_fn if validation else None,

@@ -44,6 +44,8 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
 
 #: ``gpfl launch`` exit status of a run that did not do all its rounds (resumable).
 EXIT_INCOMPLETE = 3
+#: ``gpfl launch`` exit status of a run whose devices refused its hypotheses (not resumable).
+EXIT_DIVERGED = 4
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
                        "engine", "app_defaults")
@@ -98,6 +100,8 @@ def _launch(args: argparse.Namespace) -> int:
         print("gpfl: interrupted; every process was stopped", file=sys.stderr)
         return 130
     print(describe(result))
+    if result.status == "diverged":
+        return EXIT_DIVERGED
     return 0 if result.finished else EXIT_INCOMPLETE
 
 

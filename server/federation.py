@@ -208,6 +208,11 @@ class Federation:
         """Stop SuperNode ``index`` and everything it started (a crash, seen from outside)."""
         self.procs.stop(f"supernode-{index}")
 
+    def stop_supernodes(self) -> None:
+        """Stop every SuperNode (and what it started): no release is charged after this."""
+        for name in [n for n in self.procs.procs if n.startswith("supernode-")]:
+            self.procs.stop(name)
+
     def restart_supernode(self, index: int) -> None:
         """Stop SuperNode ``index`` and start it again with the same node config."""
         self.stop_supernode(index)
@@ -225,6 +230,7 @@ class Federation:
             text=True, bufsize=1, start_new_session=True,
         )
         self.procs.procs["flwr-run"] = proc
+        self.procs.watchdog.tell()
         return proc
 
     def close(self) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from client.policy import DevicePolicy
+from server.checkpoint import CHECKPOINT_NAME
 from server.federation import (
     CONNECTION,
     Federation,
@@ -32,9 +34,9 @@ from server.federation import (
 from server.processes import ProcessWatch
 from server.results import ROUND_TAG, mark_incomplete, plot_summary
 from server.rundir import FINISHED, add_ledgers, save_launch
+from server.settings import RunSettings
 from settings import SettingError, check_node_config, check_run_config
 from settings.render import toml_value
-from settings.rules import check_run_rules
 from tasks import require_installed
 
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
@@ -76,6 +78,20 @@ class LaunchResult:
     def finished(self) -> bool:
         """Whether the run did all it was asked to (every round, or stopped early)."""
         return self.status in FINISHED
+
+
+def _check_writable(folder: Path) -> None:
+    """Refuse, at start, a ledger folder the devices could not write.
+
+    Each device would otherwise fail every round, after training, with a generic reason.
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gpfl-check-"):
+            pass
+    except OSError as err:
+        raise LaunchError(f"ledger-dir={str(folder)!r} is not writable: {err.strerror or err}; "
+                          "give a folder the devices can write") from None
 
 
 def _raise_on_signal(signum: int, frame: FrameType | None) -> None:
@@ -165,7 +181,8 @@ def launch(
         # Everything is checked before any process starts: a bad key or value fails here,
         # within a second, naming the key, the value and what is allowed.
         checked = check_run_config(config)
-        check_run_rules(checked)
+        # The combinations too (min-replies > clients-per-round, ...), not only each key.
+        run_settings = RunSettings.from_run_config(config)
         # The ServerApp resolves the task against this environment's plugins: a name no
         # installed package registers fails here, not after the federation has started.
         require_installed(checked["task"])
@@ -177,6 +194,9 @@ def launch(
     if simulation and node_configs:
         raise LaunchError("--node-config needs real SuperNodes; on the Simulation Engine every "
                           "virtual node applies the launch policy (--policy)")
+    if not simulation and run_settings.min_replies > supernodes:
+        raise LaunchError(f"min-replies={run_settings.min_replies} can never be reached with "
+                          f"--supernodes {supernodes}: a round gets at most one reply a device")
     unused = sorted((set(node_configs or {}) | set(node_env or {})) - set(nodes))
     if unused:
         raise LaunchError(f"--node-config names SuperNodes {unused}, but there are only "
@@ -191,6 +211,8 @@ def launch(
     # over the launch policy): read back after the run.
     ledger_paths = [DevicePolicy.load({"policy-file": str(policy_file), **node}).ledger_path
                     for node in nodes.values()]
+    for path in ledger_paths:
+        _check_writable(path.parent)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -206,53 +228,16 @@ def launch(
             keys = make_supernode_keys(out / "certs" / "supernodes", supernodes)
     fed = Federation(workdir=out, tls=tls_files)
     try:
-        if simulation:
-            echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
-                 f"logs in {fed.logs}")
-            # Virtual nodes get no node config of their own: their device settings come
-            # from the policy file named by the environment of the process that runs them.
-            fed.extra_env["GPFL_POLICY"] = str(policy_file)
-            fed.start_superlink(simulation_supernodes=supernodes)
-        else:
-            echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")
-            fed.start_superlink(extra_args=["--enable-supernode-auth"] if auth else None)
-            for key in keys:
-                fed.register_supernode(key.public_key)
-            for i, node in nodes.items():
-                node = {"policy-file": str(policy_file), **node}
-                fed.start_supernode(i, node, env=(node_env or {}).get(i), extra_args=(
-                    ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
-        proc = fed.submit(app_dir, config)
-        with ProcessWatch(fed.procs, echo) as watch:
-            for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
-                if ROUND_TAG in line:
-                    echo(line[line.index(ROUND_TAG):])
-                elif "ERROR" in line or "Traceback" in line:
-                    echo(line)
-                if on_line is not None:
-                    on_line(line, fed)
-        watch.check()
-        summary_path = out / "summary.json"
-        if not summary_path.exists():
-            raise LaunchError(
-                f"the run ended (flwr run exit code {proc.returncode}) without writing "
-                f"{summary_path}; see {fed.logs}"
-            )
-        if "superlink" in watch.died:
-            reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run"
-        else:
-            reason = (f"the ServerApp ended before the run did (flwr run exit code "
-                      f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
-        # A ServerApp that dies says nothing: its summary still reads "running".
-        summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
-        summary = add_ledgers(out, summary, ledger_paths)
-        figure = plot_summary(summary, out / "figure.png")
-        if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
-            raise LaunchError(
-                f"no round completed (every client failed or declined); see the SuperNode "
-                f"logs in {fed.logs}"
-            )
-        return LaunchResult(out, summary, figure, proc.returncode or 0, dict(watch.died))
+        return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,
+                    policy_file=policy_file, node_env=node_env, keys=keys, auth=auth,
+                    app_dir=app_dir, config=config, echo=echo, timeout=timeout,
+                    on_line=on_line, ledger_paths=ledger_paths)
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on.
+        mark_incomplete(out, "interrupted (Ctrl-C or SIGTERM)")
+        if (out / CHECKPOINT_NAME).is_file():
+            echo(f"gpfl: interrupted; continue it with `gpfl launch --resume {out}`")
+        raise
     finally:
         left = fed.close()
         if left:
@@ -260,6 +245,63 @@ def launch(
         if in_main:
             for s, handler in previous.items():
                 signal.signal(s, handler)
+
+
+def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
+         nodes: dict[int, dict[str, Any]], policy_file: Path, node_env: Any, keys: list[Any],
+         auth: bool, app_dir: Path, config: dict[str, Any], echo: Callable[[str], None],
+         timeout: float, on_line: Any, ledger_paths: list[Path]) -> LaunchResult:
+    """Start the federation, run the app, and read its results (:func:`launch`'s body)."""
+    if simulation:
+        echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
+             f"logs in {fed.logs}")
+        # Virtual nodes get no node config of their own: their device settings come
+        # from the policy file named by the environment of the process that runs them.
+        fed.extra_env["GPFL_POLICY"] = str(policy_file)
+        fed.start_superlink(simulation_supernodes=supernodes)
+    else:
+        echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")
+        fed.start_superlink(extra_args=["--enable-supernode-auth"] if auth else None)
+        for key in keys:
+            fed.register_supernode(key.public_key)
+        for i, node in nodes.items():
+            node = {"policy-file": str(policy_file), **node}
+            fed.start_supernode(i, node, env=(node_env or {}).get(i), extra_args=(
+                ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
+    proc = fed.submit(app_dir, config)
+    with ProcessWatch(fed.procs, echo) as watch:
+        for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
+            if ROUND_TAG in line:
+                echo(line[line.index(ROUND_TAG):])
+            elif "ERROR" in line or "Traceback" in line:
+                echo(line)
+            if on_line is not None:
+                on_line(line, fed)
+    watch.check()
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        raise LaunchError(
+            f"the run ended (flwr run exit code {proc.returncode}) without writing "
+            f"{summary_path}; see {fed.logs}"
+        )
+    if "superlink" in watch.died:
+        reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run"
+    else:
+        reason = (f"the ServerApp ended before the run did (flwr run exit code "
+                  f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")
+    # A ServerApp that dies says nothing: its summary still reads "running".
+    summary = mark_incomplete(out, reason) or json.loads(summary_path.read_text())
+    # The devices first: a release in flight when the run ended (a SuperLink killed
+    # mid-round) is charged on the device a moment later, and must be in the report.
+    fed.stop_supernodes()
+    summary = add_ledgers(out, summary, ledger_paths)
+    figure = plot_summary(summary, out / "figure.png")
+    if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
+        raise LaunchError(
+            f"no round completed (every client failed or declined); see the SuperNode "
+            f"logs in {fed.logs}"
+        )
+    return LaunchResult(out, summary, figure, proc.returncode or 0, dict(watch.died))
 
 
 def _number(value: Any) -> str:
@@ -293,7 +335,9 @@ def describe(result: LaunchResult) -> str:
     if result.died:
         lines.append("gpfl: exited during the run: " + ", ".join(
             f"{name} (code {code})" for name, code in sorted(result.died.items())))
-    if not result.finished:
+    if result.status == "diverged":
+        lines.append(f"gpfl: run diverged: {s.get('incomplete_reason')}")
+    elif not result.finished:
         lines.append(f"gpfl: run incomplete: {s.get('incomplete_reason')}; continue it with "
                      f"`gpfl launch --resume {result.out_dir}`")
     return "\n".join(lines)

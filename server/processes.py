@@ -7,7 +7,9 @@ parent is gone its children are re-parented away from us. So the launcher
 marks itself a *child subreaper* (Linux): orphans of anything it started are
 re-parented to it, and every process it is responsible for stays among its
 descendants until it is reaped. Processes are only ever ended by PID (never by
-name patterns), and only descendants of this process.
+name patterns), and only descendants of this process. A launcher killed outright
+(SIGKILL) runs none of this: the watchdog (:mod:`server.watchdog`) stops its
+descendants then.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import psutil
+
+from server.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +69,8 @@ class ProcessSet:
         self.procs: dict[str, subprocess.Popen[Any]] = {}
         self._logs: dict[str, IO[bytes]] = {}
         self.subreaper = become_subreaper()
+        # Started before the children are listed: the watchdog is not one to stop here.
+        self.watchdog = Watchdog()
         # Children this process already had are not ours to stop.
         self._preexisting = {c.pid for c in psutil.Process().children()}
 
@@ -81,6 +87,7 @@ class ProcessSet:
             env=env or child_env(), cwd=cwd, start_new_session=True,
         )
         self.procs[name] = proc
+        self.watchdog.tell()
         logger.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
         return proc
 
@@ -109,6 +116,7 @@ class ProcessSet:
         for log in self._logs.values():
             log.close()
         self._logs.clear()
+        self.watchdog.close()
         return leftovers
 
 

@@ -4,8 +4,9 @@ After every round the checkpoint (:mod:`server.checkpoint`) and then the summary
 (atomically), so a run that is interrupted still leaves what it had learnt and can be resumed,
 and the final file is complete once the last round is recorded. The summary's ``status`` says
 where the run stands: ``running`` (also what a killed or crashed ServerApp leaves behind),
-``complete``, ``stopped-early`` (patience ran out) or ``incomplete`` (``incomplete_reason``
-says why, e.g. too few devices connected).
+``complete``, ``stopped-early`` (patience ran out), ``incomplete`` (``incomplete_reason``
+says why, e.g. too few devices connected) or ``diverged`` (the devices refused the hypotheses:
+some devices' releases pushed them away; ``incomplete_reason`` names them; not resumable).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 logger = logging.getLogger(__name__)
 
 ROUND_TAG = "[gpfl]"
-STATUSES = ("running", "complete", "stopped-early", "incomplete")
+STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged")
 
 
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
@@ -76,6 +77,9 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             # The device's last decline, as its reply said it (public values only).
             "declined_by": str(metrics.get("declined-by", "")),
             "decline_reason": str(metrics.get("decline-reason", "")),
+            # Σ over its accepted releases of distance / the round's median (~1 a release for
+            # an honest device; strategies.records.ClientRecord.pull).
+            "pull": float(getattr(record, "pull", 0.0)),
         }
         if name in per_client:
             old = per_client[name]
@@ -85,6 +89,7 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             for key in _MAXIMA:
                 values = [v for v in (old[key], entry[key]) if v is not None]
                 merged[key] = max(values) if values else None
+            merged["pull"] = old["pull"] + entry["pull"]
             merged["node_ids"] = [*old["node_ids"], cid]
             entry = merged
         per_client[name] = entry
@@ -309,6 +314,8 @@ class RunRecorder:
     def status(self) -> tuple[str, str | None]:
         """Return the run's status (one of :data:`STATUSES`) and why it is incomplete."""
         s = self.strategy
+        if getattr(s, "diverged", False):
+            return "diverged", s.incomplete_reason
         if s.incomplete_reason is not None:
             return "incomplete", s.incomplete_reason
         if s.stopped_early:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mechanisms import LedgerCorruptError, PrivacyLedger
-from server.checkpoint import CHECKPOINT_NAME
+from server.checkpoint import CHECKPOINT_NAME, CheckpointError, read_checkpoint
 from server.results import write_json_atomic
 from settings import setting
 
@@ -72,11 +72,18 @@ def resume_arguments(run_dir: Path) -> dict[str, Any]:
     if not (run_dir / CHECKPOINT_NAME).is_file():
         raise ResumeError(f"--resume {run_dir}: no {CHECKPOINT_NAME} there (the run ended "
                           "before its first round was saved): start it anew")
+    try:  # a truncated or damaged checkpoint is refused here, not after the federation started
+        read_checkpoint(run_dir / CHECKPOINT_NAME)
+    except CheckpointError as err:
+        raise ResumeError(f"--resume {run_dir}: {err}; start the run anew") from None
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
         status = json.loads(summary_path.read_text()).get("status")
         if status in FINISHED:
             raise ResumeError(f"--resume {run_dir}: the run is {status}; nothing to resume")
+        if status == "diverged":
+            raise ResumeError(f"--resume {run_dir}: the run diverged (its devices refused the "
+                              "hypotheses); resuming would continue from them: start it anew")
     try:
         saved = json.loads(launch_file.read_text())
     except json.JSONDecodeError as err:

@@ -28,6 +28,7 @@ from settings.declarations import (
     _DECLARATIONS,
     AGGREGATIONS,
     CLIP_MODES,
+    CLUSTER_AGGREGATORS,
     MECHANISMS,
     SETTINGS,
     parse_optima,
@@ -37,6 +38,7 @@ from settings.setting import Setting, SettingError
 __all__ = [
     "AGGREGATIONS",
     "CLIP_MODES",
+    "CLUSTER_AGGREGATORS",
     "FLOWER_NODE_KEYS",
     "MECHANISMS",
     "SETTINGS",

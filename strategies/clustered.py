@@ -47,15 +47,15 @@ from flwr.server.client_proxy import ClientProxy
 
 from settings import SETTINGS
 from settings.rules import check_sign_single_model
-from strategies.aggregation import check_aggregation, cluster_means, sign_step
-from strategies.clustering import assign_clusters
+from strategies.aggregation import check_aggregation, sign_step
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
-from strategies.intake import ReplyScreen
+from strategies.intake import ReplyScreen, pushed_away
 from strategies.norms import NormLimits
 from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
-from strategies.sampling import check_int, check_sampling, sample_devices
+from strategies.robust import check_cluster_aggregator, cluster_and_aggregate
+from strategies.sampling import check_int, check_sampling, responsive, sample_devices
 
 __all__ = ["RELEASES", "ClientRecord", "ClusteredStrategy", "RoundRecord"]
 
@@ -95,6 +95,8 @@ class ClusteredStrategy(RecordedStrategy):
         signs of their update (majority vote; only with k = 1).
     aggregation : str
         One of :data:`strategies.AGGREGATIONS`; how the releases of a cluster are weighted.
+    cluster_aggregator : str
+        One of :data:`strategies.robust.CLUSTER_AGGREGATORS`: what each cluster becomes.
     server_learning_rate : float
         Step of the sign release's update θ ← θ + η·sign(weighted mean of the signs).
     norm_limits : NormLimits, optional
@@ -147,6 +149,7 @@ class ClusteredStrategy(RecordedStrategy):
         round_timeout: float = _DEFAULTS["round-timeout"],
         release: str = "parameters",
         aggregation: str = _DEFAULTS["aggregation"],
+        cluster_aggregator: str = _DEFAULTS["cluster-aggregator"],
         server_learning_rate: float = _DEFAULTS["server-learning-rate"],
         norm_limits: NormLimits | None = None,
         evaluate_fn: EvaluateFn | None = None,
@@ -187,6 +190,7 @@ class ClusteredStrategy(RecordedStrategy):
         self.round_timeout = round_timeout
         self.release = release
         self.aggregation = check_aggregation(aggregation)
+        self.cluster_aggregator = check_cluster_aggregator(cluster_aggregator)
         self.server_learning_rate = float(server_learning_rate)
         self.keep_released = keep_released
         self._fit_config: dict[str, Scalar] = fit_config
@@ -197,6 +201,7 @@ class ClusteredStrategy(RecordedStrategy):
                                    need_sigma=self.aggregation != "mean", limits=limits)
 
         self.incomplete_reason: str | None = None
+        self.diverged = False  # the devices refused the hypotheses (intake.pushed_away)
         # _flat is never modified in place (each round makes a new matrix), so keeping a
         # reference to the best one costs nothing.
         self._best_flat = self._flat
@@ -265,11 +270,13 @@ class ClusteredStrategy(RecordedStrategy):
         self._client_manager = client_manager
         available, chosen = sample_devices(
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
-            min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming)
+            min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
+            records=self.clients)
         self._forming = False
         if not chosen:
             self.incomplete_reason = (
                 f"round {t}: too few devices: {len(available)} connected, "
+                f"{len(responsive(available, self.clients))} answered their last round, "
                 f"min-replies={self.min_replies}"
             )
             _LOG.error("%s; the run stops here (resume it once devices are back)",
@@ -309,6 +316,9 @@ class ClusteredStrategy(RecordedStrategy):
                                      hypotheses=self._flat, record=self._client)
         released, sigmas = intake.released, intake.sigmas
         m = released.shape[0]
+        pushed = pushed_away(t, intake, self.clients)
+        if pushed is not None:  # the run ends after this round (configure_fit: no clients)
+            self.incomplete_reason, self.diverged = pushed, True
 
         labels = np.zeros(m, dtype=np.intp)
         kept: str | None = None
@@ -322,9 +332,9 @@ class ClusteredStrategy(RecordedStrategy):
             new_flat = sign_step(self._flat, released, sigmas, self.aggregation, self._rng,
                                  self.server_learning_rate)
         else:
-            labels = assign_clusters(released, self._flat)
-            new_flat = cluster_means(released, sigmas, labels, self._flat, self.aggregation,
-                                     self._rng)
+            labels, new_flat = cluster_and_aggregate(
+                released, sigmas, self._flat, aggregation=self.aggregation,
+                cluster_aggregator=self.cluster_aggregator, rng=self._rng)
         if kept is None and not np.isfinite(new_flat).all():
             # Unreachable with screened replies (see strategies.norms); a last guard that the
             # hypotheses never hold a NaN or an inf.

@@ -24,7 +24,7 @@ counted in its :class:`~strategies.records.ClientRecord`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,7 +44,7 @@ from strategies.replies import (
 )
 from strategies.validation import check_reply, npy_view
 
-__all__ = ["Intake", "ReplyScreen"]
+__all__ = ["Intake", "ReplyScreen", "pushed_away"]
 
 _LOG = logging.getLogger(__name__)
 _NPY_TENSOR_TYPE = "numpy.ndarray"
@@ -70,6 +70,11 @@ class Intake:
         Sampled devices that sent nothing in time.
     failures : int
         ``len(failed)`` plus failures Flower reported without naming a device.
+    refusing : list of (str, str)
+        ``(device, reason)`` of the failed devices that refused the hypotheses themselves
+        (beyond their ``max-parameter``), before anything was charged.
+    answering : int
+        Devices that answered (a reply, a decline or an error).
     """
 
     released: np.ndarray
@@ -80,6 +85,40 @@ class Intake:
     failed: list[tuple[str, str]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     failures: int = 0
+    refusing: list[tuple[str, str]] = field(default_factory=list)
+    answering: int = 0
+
+
+#: What a device's error says when it refuses the hypotheses (client.release.check_instruction).
+_REFUSAL = "max-parameter"
+
+
+def pushed_away(server_round: int, intake: Intake,
+                clients: Mapping[str, ClientRecord]) -> str | None:
+    """Why the hypotheses look pushed away by some devices' releases, or None.
+
+    They are when at least half of the devices that answered the round refused the
+    hypotheses (values beyond their ``max-parameter``): honest devices train from them, so a
+    federation whose devices refuse its model no longer learns anything, whatever the devices
+    still releasing do. The devices named are those whose accepted releases lay, on average,
+    farthest from their hypothesis relative to their rounds' median (``ClientRecord.pull``).
+    """
+    if not intake.refusing or 2 * len(intake.refusing) < intake.answering:
+        return None
+    device, reason = intake.refusing[0]
+    pulls = {record.name or f"node {record.cid}": record.pull / record.participations
+             for record in clients.values() if record.participations}
+    typical = float(np.median(list(pulls.values()))) if pulls else 0.0
+    pullers = sorted((name for name, pull in pulls.items() if pull > 3 * max(typical, 1.0)),
+                     key=lambda name: -pulls[name])
+    named = (", ".join(f"{name} ({pulls[name]:.3g} x the median distance on average)"
+                       for name in pullers[:10])
+             if pullers else "no device stands out (every accepted release lay near the median)")
+    text = (f"round {server_round}: the hypotheses were pushed away: {len(intake.refusing)} of "
+            f"{intake.answering} devices refused them ({device}: {reason[:200]}); the releases "
+            f"that moved them came from {named}")
+    _LOG.error("%s; the run stops here", text)
+    return text
 
 
 class ReplyScreen:
@@ -176,6 +215,12 @@ class ReplyScreen:
             record(cid).dropped += 1
             _LOG.warning("round %d: dropped the reply of %s: %s", t, self.device(cid), reason)
 
+        # Registered nodes taken for dead (NameBook.check): sent this round's instruction and
+        # silent, or silent in their last rounds.
+        replied = answered | {proxy.cid for proxy, _ in results}
+        gone = {cid for cid in sampled if cid not in replied} | {
+            owner for owner in self.names.name_node.values()
+            if owner not in replied and record(owner).missed_in_a_row > 0}
         candidates: list[tuple[str, str, FitRes, float]] = []
         for proxy, res in results:
             cid = proxy.cid
@@ -188,7 +233,7 @@ class ReplyScreen:
                 if isinstance(parsed, str):
                     reason = parsed
             if reason is None and parsed is not None and not isinstance(parsed, str):
-                reason = self.names.check(cid, parsed.name, connected)
+                reason = self.names.check(cid, parsed.name, connected, gone)
             if reason is not None or parsed is None or isinstance(parsed, str):
                 drop(cid, reason or "unreadable reply")
                 continue
@@ -234,12 +279,18 @@ class ReplyScreen:
             cids = [c for c, k in zip(cids, keep, strict=True) if k]
         if cids and self.release != "sign":
             self.reference = distances.copy()
+            scale = float(np.median(distances))
+            if scale > 0:
+                for cid, distance in zip(cids, distances.tolist(), strict=True):
+                    record(cid).pull += distance / scale
         for cid in cids:
             record(cid).participations += 1
 
         lost = [cid for cid in dict.fromkeys([*sampled, *reasons]) if cid not in answered]
+        for cid in answered:
+            record(cid).answered()
         for cid in sorted(lost, key=self.names.label):
-            record(cid).missing += 1
+            record(cid).missed(t)
             out.missing.append(self.names.label(cid))
             _LOG.warning("round %d: no reply from %s: %s", t, self.device(cid),
                          reasons.get(cid, "no reply before the round ended"))
@@ -248,12 +299,15 @@ class ReplyScreen:
         out.sigmas = np.nan_to_num(sigmas, nan=0.0)
         out.cids = cids
         out.failures += len(out.failed)
+        out.answering = len(answered)
         return out
 
     def _failed(self, t: int, out: Intake, cid: str, reason: str,
                 record: Callable[[str], ClientRecord]) -> None:
         record(cid).failures += 1
         out.failed.append((self.names.label(cid), reason))
+        if _REFUSAL in reason:
+            out.refusing.append((self.names.label(cid), reason))
         _LOG.warning("round %d: %s failed: %s", t, self.device(cid), reason)
 
     def _load(self, parameters: Parameters, row: np.ndarray) -> str | None:

@@ -117,6 +117,16 @@ class ClientRecord:
         Rounds it was sampled in and sent no reply in time.
     last_round : int
         Last round it replied in (0 = never).
+    missed_in_a_row : int
+        Rounds it was sampled in and sent nothing, since its last answer (any answer, a
+        failure included, resets it): a device with misses is not counted towards a round's
+        quorum and rests before it is sampled again (:func:`strategies.sampling.rests`).
+    last_missed : int
+        The last round it was sampled in and sent nothing (0 = never).
+    pull : float
+        The sum, over its accepted releases, of the release's distance to its nearest
+        hypothesis over the round's median distance: about 1 a release for an honest device,
+        far more for one that pulls the hypotheses away (named when they are pushed away).
     metrics : dict of str to Scalar
         The checked metrics of its replies: the last reported value of each, except the
         spend totals (``spend-d``, ``spend-epsilon``, ``spend-delta``, ``releases``,
@@ -132,7 +142,20 @@ class ClientRecord:
     failures: int = 0
     missing: int = 0
     last_round: int = 0
+    missed_in_a_row: int = 0
+    last_missed: int = 0
+    pull: float = 0.0
     metrics: dict[str, Scalar] = field(default_factory=dict)
+
+    def answered(self) -> None:
+        """Note an answer of the device (a reply, a decline or an error): it is alive."""
+        self.missed_in_a_row = 0
+
+    def missed(self, server_round: int) -> None:
+        """Note that the device sent nothing in ``server_round``."""
+        self.missing += 1
+        self.missed_in_a_row += 1
+        self.last_missed = server_round
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as plain JSON values (a copy)."""

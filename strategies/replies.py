@@ -14,8 +14,9 @@ Size
     (:func:`tensor_limits`): checked on the raw bytes, before anything is parsed.
 Names
     A reply's ``client-name`` is bound to the node that first used it (:class:`NameBook`): a
-    device cannot speak for another. A name whose node is gone may be taken by a new node (the
-    same device restarted, which Flower gives a new node id).
+    device cannot speak for another. A name whose node is gone (unregistered, or registered but
+    silent: see :meth:`NameBook.check`) may be taken by a new node (the same device restarted,
+    which Flower gives a new node id).
 """
 
 from __future__ import annotations
@@ -245,7 +246,8 @@ class NameBook:
         self.node_name: dict[str, str] = {}
         self.name_node: dict[str, str] = {}
 
-    def check(self, node: str, name: str, connected: Collection[str] | None) -> str | None:
+    def check(self, node: str, name: str, connected: Collection[str] | None,
+              gone: Collection[str] = ()) -> str | None:
         """Return why ``node`` may not speak as ``name``, or None (and bind them).
 
         Parameters
@@ -257,12 +259,18 @@ class NameBook:
         connected : Collection[str] or None
             The node ids connected now; ``None`` when unknown, in which case a name's node is
             taken to be still connected (the safe side: the name is not moved).
+        gone : Collection[str]
+            Node ids still registered but taken for dead: they were sent this round's
+            instruction and did not answer, or missed their last rounds. A device killed and
+            restarted stays registered under its old node id until the SuperLink's heartbeat
+            expires (about a minute); its new node takes the name over at once, rather than
+            have its reply refused after it charged its ledger.
         """
         bound = self.node_name.get(node)
         if bound is not None and bound != name:
             return f"node {node} speaks as {bound!r}, this reply says {name!r}"
         owner = self.name_node.get(name)
-        if owner is not None and owner != node:
+        if owner is not None and owner != node and owner not in gone:
             if connected is None or owner in connected:
                 return f"name {name!r} belongs to node {owner}"
         self.node_name[node] = name

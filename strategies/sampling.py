@@ -3,6 +3,23 @@
 Sampling uses the strategy's own rng over the connected node ids in sorted order, so a fixed
 seed gives the same devices whatever order they connected in, and Flower's ``random``-based
 ``ClientManager.sample`` is never used.
+
+Every device asked charges its ledger before it answers, so a round the server can tell in
+advance it would discard is not started. A dead device stays registered at the SuperLink for
+about a minute after it died, and a frozen one forever, so "connected" is not "alive":
+
+Quorum
+    Only *responsive* devices count towards ``min-replies``: those that answered (a reply, a
+    decline or an error) every round they were asked in since they last answered, i.e. whose
+    :attr:`~strategies.records.ClientRecord.missed_in_a_row` is 0 (a new node has no record and
+    counts). Short of the quorum, the round waits up to ``round_timeout`` for new devices (a
+    restarted device registers under a new node id), then the run stops, resumable, rather than
+    charge the live devices for a round that cannot change the hypotheses.
+Back-off
+    A device that missed its last s rounds in a row rests 2^s − 1 rounds (at most
+    :data:`MAX_REST`) before it is asked again: a dead or frozen device costs the round's
+    deadline O(log rounds) times instead of every time it is drawn, and is asked again (and
+    counted again once it answers) if it comes back.
 """
 
 from __future__ import annotations
@@ -10,12 +27,17 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import time
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-__all__ = ["FORMING_GRACE_S", "check_int", "check_sampling", "sample_devices"]
+from strategies.records import ClientRecord
+
+__all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "responsive", "rests",
+           "sample_devices"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -23,6 +45,27 @@ _LOG = logging.getLogger(__name__)
 #: devices started together register within seconds, and a federation smaller than
 #: ``clients_per_round`` should not wait a whole round timeout to find that out.
 FORMING_GRACE_S = 15.0
+#: The most rounds a silent device rests before it is asked again.
+MAX_REST = 31
+#: Seconds between two looks at the federation while waiting for the quorum.
+_QUORUM_POLL_S = 2
+
+
+def rests(record: ClientRecord | None, server_round: int) -> bool:
+    """Whether a device sits ``server_round`` out: 2^s − 1 rounds after s misses in a row."""
+    if record is None or record.missed_in_a_row == 0:
+        return False
+    rest = min(2 ** min(record.missed_in_a_row, 16) - 1, MAX_REST)
+    return server_round - record.last_missed <= rest
+
+
+def responsive(cids: Iterable[str], records: Mapping[str, ClientRecord]) -> list[str]:
+    """Return the node ids that count towards the quorum.
+
+    Those among ``cids`` that answered every round they were asked in since their last answer
+    (new nodes included).
+    """
+    return [cid for cid in cids if cid not in records or records[cid].missed_in_a_row == 0]
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
@@ -64,6 +107,7 @@ def sample_devices(
     min_replies: int,
     round_timeout: float,
     forming: bool,
+    records: Mapping[str, ClientRecord] | None = None,
 ) -> tuple[dict[str, ClientProxy], list[str]]:
     """Wait for enough connected devices, then sample up to ``clients_per_round`` of them.
 
@@ -84,6 +128,9 @@ def sample_devices(
     forming : bool
         Whether the federation may still be forming (the first round of this process): then
         wait first up to ``min(round_timeout, FORMING_GRACE_S)`` for ``clients_per_round``.
+    records : mapping of str to ClientRecord, optional
+        What the strategy knows of each node: the quorum counts only responsive devices and
+        resting ones are not sampled (see the module notes).
 
     Returns
     -------
@@ -91,7 +138,7 @@ def sample_devices(
         The devices connected after waiting, by node id.
     chosen : list of str
         The sampled node ids (without replacement, in the order drawn); empty if fewer than
-        ``min_replies`` are connected.
+        ``min_replies`` connected devices are responsive.
     """
     t = server_round
     connected = client_manager.num_available()
@@ -106,11 +153,29 @@ def sample_devices(
                   t, connected, round_timeout, min_replies)
         client_manager.wait_for(min_replies, timeout=math.ceil(round_timeout))
     available = client_manager.all()
+    records = records or {}
+    alive = responsive(available, records)
+    if len(available) >= min_replies and len(alive) < min_replies:
+        _LOG.warning("round %d: %d devices connected, %d of them answered their last round; "
+                     "waiting up to %g s for min-replies=%d before asking anyone", t,
+                     len(available), len(alive), round_timeout, min_replies)
+        deadline = time.monotonic() + round_timeout
+        while len(alive) < min_replies and time.monotonic() < deadline:
+            # New nodes (a restarted device) raise the count; nothing else does.
+            client_manager.wait_for(len(available) + min_replies - len(alive),
+                                    timeout=_QUORUM_POLL_S)
+            available = client_manager.all()
+            alive = responsive(available, records)
     cids = sorted(available)
-    if len(cids) < min_replies:
+    if len(alive) < min_replies:
         return available, []
+    resting = [cid for cid in cids if rests(records.get(cid), t)]
+    if resting:
+        _LOG.info("round %d: not asking %s: silent in their last rounds (back-off)", t,
+                  ", ".join(records[c].name or f"node {c}" for c in resting))
+        cids = [cid for cid in cids if cid not in set(resting)]
     size = min(clients_per_round, len(cids))
     if size < clients_per_round:
         _LOG.info("round %d: sampling %d devices, fewer than clients-per-round=%d: only %d "
-                  "are connected", t, size, clients_per_round, len(cids))
+                  "are connected and not resting", t, size, clients_per_round, len(cids))
     return available, [cids[i] for i in rng.choice(len(cids), size=size, replace=False)]

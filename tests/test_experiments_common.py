@@ -293,3 +293,17 @@ def test_budget_aggregation_is_an_experiment_of_the_common_runner(tmp_path: Path
     assert row == {"aggregation": "mean", "seed": 3, "val_rmse": 1.5, "distance": 3.0}
     rows = [{**row, "seed": s, "val_rmse": str(v)} for s, v in ((0, 1.0), (1, 3.0))]
     assert "| mean | 2.000 ± 1.414 | 3.000 ± 0.000 | |" in ba.EXPERIMENT.report(rows)
+
+
+def test_the_report_keeps_the_sections_after_its_marker(tmp_path: Path) -> None:
+    from experiments.report import KEPT_MARKER
+
+    doc = tmp_path / "docs" / "RESULTS.md"
+    doc.parent.mkdir()
+    doc.write_text(f"old generated text\n\n{KEPT_MARKER}\n\n## Rogue devices\n\n| a | b |\n")
+
+    text = write_report(tmp_path / "runs", doc).read_text()
+
+    assert "old generated text" not in text
+    assert text.endswith(f"{KEPT_MARKER}\n\n## Rogue devices\n\n| a | b |\n")
+    assert write_report(tmp_path / "runs", doc).read_text().count("## Rogue devices") == 1

@@ -101,7 +101,7 @@ def test_too_few_devices_make_the_run_incomplete_and_say_how_to_resume(
     summary = summary_of(tmp_path)
     assert summary["status"] == "incomplete"
     assert summary["incomplete_reason"] == ("round 1: too few devices: 2 connected, "
-                                            "min-replies=3")
+                                            "2 answered their last round, min-replies=3")
     assert any("[gpfl] run incomplete" in r.getMessage()
                and f"resume-from={tmp_path}" in r.getMessage() for r in caplog.records)
 

@@ -16,7 +16,7 @@ import pytest
 
 from mechanisms import MetricPrivacyEvent, PrivacyLedger
 from server import cli
-from server.checkpoint import CHECKPOINT_NAME
+from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 from server.launcher import LaunchResult, describe
 from server.processes import ProcessSet, ProcessWatch
 from server.rundir import ResumeError, add_ledgers, ledger_report, resume_arguments, save_launch
@@ -32,7 +32,7 @@ def saved_run(tmp_path: Path, status: str = "incomplete") -> Path:
         "app_dir": tmp_path / "app", "tls": True, "auth": False, "simulation": False,
         "node_env": {1: {"CUDA_VISIBLE_DEVICES": "1"}},
     })
-    (run / CHECKPOINT_NAME).write_bytes(b"checkpoint")
+    write_checkpoint(run / CHECKPOINT_NAME, {}, {})
     (run / "summary.json").write_text(json.dumps({"status": status}))
     return run
 

@@ -43,7 +43,7 @@ def test_the_strategy_defaults_are_the_declarations() -> None:
         if key in SETTINGS and param.default is not inspect.Parameter.empty:
             assert param.default == SETTINGS[key].default, name
             checked += 1
-    assert checked == 6  # min-replies, round-timeout, aggregation, ... patience (6, not 0)
+    assert checked == 7  # min-replies, round-timeout, aggregation, ... patience (6, not 0)
     assert params["patience"].default == SETTINGS["patience"].default
 
 

@@ -612,7 +612,8 @@ def test_too_few_devices_stop_the_run_and_say_why() -> None:
 
     # Assert: no clients, the reason names the numbers, and the run does not start again.
     assert first == [] and later == []
-    assert strategy.incomplete_reason == "round 4: too few devices: 2 connected, min-replies=3"
+    assert strategy.incomplete_reason == ("round 4: too few devices: 2 connected, 2 answered "
+                                          "their last round, min-replies=3")
     assert stops == [strategy.incomplete_reason]
     assert strategy.evaluate(4, Parameters([], "")) is None and strategy.history == []
 

@@ -119,10 +119,11 @@ def test_a_device_cannot_speak_for_another_that_is_connected() -> None:
                            [])
     strategy.evaluate(1, Parameters([], ""))
 
-    # Execute
+    # Execute: both answer round 2 (a silent owner is taken for dead: see the next tests).
     strategy.configure_fit(2, Parameters([], ""), manager)
     _, metrics = strategy.aggregate_fit(
-        2, [(FakeProxy("2"), res([50.0], name="alice", **{"spend-d": 0.4}))], [])
+        2, [(FakeProxy("1"), res([1.0], name="alice", **{"spend-d": 2.0})),
+            (FakeProxy("2"), res([50.0], name="alice", **{"spend-d": 0.4}))], [])
     strategy.evaluate(2, Parameters([], ""))
 
     # Assert
@@ -420,4 +421,5 @@ def test_the_wait_for_min_replies_is_the_round_timeout() -> None:
 
     assert strategy.configure_fit(1, Parameters([], ""), manager) == []
     assert manager.waits == [(2, 8), (2, 8)]  # forming (min(15, 7.5)), then min-replies
-    assert strategy.incomplete_reason == "round 1: too few devices: 1 connected, min-replies=2"
+    assert strategy.incomplete_reason == ("round 1: too few devices: 1 connected, 1 answered "
+                                          "their last round, min-replies=2")

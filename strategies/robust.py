@@ -1,0 +1,228 @@
+"""Robust cluster aggregators: what a cluster becomes when some of its members may lie.
+
+The budget-weighted mean (:func:`strategies.aggregation.cluster_means`) lets one release move
+its cluster's hypothesis by (its distance) / (cluster size): a device that charges its ledger
+honestly but releases far from its hypothesis, within what the screening accepts
+(:mod:`strategies.norms`), drags the hypothesis that far every round. The aggregators here bound
+what a minority of a cluster can do, each cluster on its own (k-means has already split the
+round's releases), with Flower's own functions (``flwr.server.strategy.aggregate``):
+
+``median``
+    FedMedian: the coordinate-wise median of the cluster's releases.
+``trimmed-mean``
+    FedTrimmedAvg: per coordinate, the mean after dropping the c largest and the c smallest
+    values, c = ⌈:data:`ROBUST_FRACTION` · m⌉ (at least one while m ≥ 3).
+``krum``
+    Multi-Krum, adapted to noisy releases: Krum alone returns *one* release, and under local
+    noise one release carries the whole noise of one device (ν = 5: five times its update), so
+    the m − c releases with the best Krum scores (c as above) are averaged instead.
+``clipped-mean``
+    Centred clipping: each release's offset from the hypothesis it joins is shrunk to at most
+    the round's median distance from a release to its nearest hypothesis (a scale a minority
+    moves by one rank, anchored on the hypotheses the round sent), then the cluster's mean is
+    taken, with the ``aggregation`` weights. One release moves its hypothesis by at most
+    (median distance) / m, whatever it holds; honest releases lose their noisiest tails, so the
+    mean is *less* noisy than without clipping (docs/RESULTS.md).
+
+No aggregator of one round can do better than a bias of about (share of rogues) × (noise of one
+release) against a rogue that stays within the honest releases' spread: under local noise
+(ν = 5: a release's noise is about five times its update) one rogue among five members of a
+cluster pulls as hard as the four honest updates together, and can drag a hypothesis away over
+many rounds. docs/RESULTS.md ("Rogue devices") measures how far each aggregator holds.
+
+The clusters themselves are made robust the same way: k-means (Lloyd) moves each centroid to
+its cluster's *mean*, so a release far outside, accepted by the screening, becomes a cluster of
+its own in a few iterations and the honest releases of two hypotheses merge into the other one
+(seen with one rogue among six devices: a hypothesis at (14, 100) and the other halfway between
+the optima). :func:`robust_clusters` runs Lloyd's iterations with the robust aggregate in place
+of the mean (k-medians for ``median``), from the hypotheses, over the hypotheses that attract at
+least one release (as :func:`strategies.clustering.assign_clusters` does).
+
+A cluster no larger than the share of the round that may lie (c = ⌈0.2·m⌉ of the round's m
+releases, see :func:`trimmed`) keeps its hypothesis: it could be made of rogues only. Without
+this rule one rogue took over the hypothesis that no honest device chose in the first rounds
+(a cluster of one release, which the median leaves where the rogue put it) and dragged it away
+round after round. The cost: a hypothesis needs more than c devices before it moves.
+
+A cluster of one or two releases has nothing to vote with: its mean is used (two values have
+the mean as their median). An empty cluster keeps its hypothesis, as with the mean.
+
+Robustness costs accuracy under local noise: the median of m noisy values is noisier than
+their mean (by ≈ √(π/2) for Gaussian noise), and trimming or Krum's selection drop honest
+releases. docs/RESULTS.md measures that cost and the gain against rogue devices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
+
+from settings import CLUSTER_AGGREGATORS  # declared once, with the setting
+from strategies.aggregation import cluster_means
+from strategies.clustering import assign_clusters, nearest_hypothesis
+
+__all__ = ["CLUSTER_AGGREGATORS", "ROBUST_FRACTION", "check_cluster_aggregator",
+           "cluster_and_aggregate", "robust_cluster_aggregates", "robust_clusters", "trimmed"]
+
+#: The share of a cluster the trimmed mean and Krum assume may lie (rounded up): 1 in 5.
+ROBUST_FRACTION = 0.2
+#: The most Lloyd iterations of :func:`robust_clusters` (they stop once no label changes).
+MAX_ITERATIONS = 50
+
+
+def check_cluster_aggregator(method: str) -> str:
+    """Return ``method`` if it is one of :data:`CLUSTER_AGGREGATORS`, else raise ValueError."""
+    if method not in CLUSTER_AGGREGATORS:
+        raise ValueError(f"cluster-aggregator must be one of {', '.join(CLUSTER_AGGREGATORS)}; "
+                         f"got cluster-aggregator={method!r}")
+    return method
+
+
+def trimmed(m: int) -> int:
+    """Return c, the releases cut at each end (trimmed mean) or dropped (Krum) of m releases.
+
+    ⌈0.2·m⌉, and fewer than half: at least one release always remains in the middle.
+    """
+    if m < 3:
+        return 0
+    return min(math.ceil(ROBUST_FRACTION * m), (m - 1) // 2)
+
+
+def _one_cluster(rows: np.ndarray, method: str, anchor: np.ndarray, radius: float) -> np.ndarray:
+    """Return the robust aggregate of one cluster's (m, n) releases, in float64."""
+    m = rows.shape[0]
+    if method == "clipped-mean":
+        offsets = rows.astype(np.float64) - anchor
+        norms = np.linalg.norm(offsets, axis=1)
+        shrink = np.minimum(1.0, radius / np.maximum(norms, 1e-300))
+        return anchor + (offsets * shrink[:, None]).mean(axis=0)
+    if m <= 2:
+        return rows.astype(np.float64).mean(axis=0)
+    results = [([row.astype(np.float64)], 1) for row in rows]
+    c = trimmed(m)
+    if method == "median":
+        return np.asarray(aggregate_median(results)[0])
+    if method == "trimmed-mean":
+        # Flower cuts int(proportion · m) values at each end; (c + 1/4) / m makes that c exactly
+        # (and stays below Flower's bound of 1/2, since c ≤ (m − 1)/2).
+        return np.asarray(aggregate_trimmed_avg(results, proportiontocut=(c + 0.25) / m)[0])
+    if method == "krum":
+        return np.asarray(aggregate_krum(results, num_malicious=c, to_keep=m - c)[0])
+    raise AssertionError(method)  # checked by robust_cluster_aggregates
+
+
+def robust_cluster_aggregates(
+    released: np.ndarray, labels: np.ndarray, hypotheses: np.ndarray, method: str,
+    radius: float = math.inf,
+) -> np.ndarray:
+    """Each cluster's robust aggregate; an empty cluster keeps its hypothesis.
+
+    Parameters
+    ----------
+    released : np.ndarray
+        (m, n) float32: one release per row.
+    labels : np.ndarray
+        (m,) integers in [0, k): the cluster of each release.
+    hypotheses : np.ndarray
+        (k, n) float32: the current hypotheses.
+    method : str
+        ``median``, ``trimmed-mean`` or ``krum`` (see the module notes).
+
+    Returns
+    -------
+    np.ndarray
+        (k, n) float32, a new matrix.
+
+    Raises
+    ------
+    ValueError
+        If ``method`` is not one of the robust aggregators (the message names the setting).
+    """
+    if check_cluster_aggregator(method) == "mean":
+        raise ValueError("cluster-aggregator='mean' is aggregate_clusters' budget-weighted mean")
+    out = hypotheses.copy()
+    for j in range(hypotheses.shape[0]):
+        members = np.flatnonzero(labels == j)
+        if members.size:
+            out[j] = _one_cluster(released[members], method, hypotheses[j].astype(np.float64),
+                                  radius).astype(np.float32)
+    return out
+
+
+def _radius(released: np.ndarray, hypotheses: np.ndarray) -> float:
+    """Return the clipping radius of ``clipped-mean``.
+
+    The median distance from a release to its nearest hypothesis: the round's own scale, which
+    a minority cannot move far.
+    """
+    labels = nearest_hypothesis(released, hypotheses)
+    distances = np.linalg.norm(released.astype(np.float64) - hypotheses[labels], axis=1)
+    return float(np.median(distances)) if distances.size else math.inf
+
+
+def robust_clusters(
+    released: np.ndarray, hypotheses: np.ndarray, method: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Lloyd's iterations with a robust centroid; return (labels, (k, n) centroids).
+
+    Starts from the hypotheses; only those that attract a release at the start take part (an
+    empty cluster keeps its hypothesis); stops when no label changes (at most
+    :data:`MAX_ITERATIONS`). A cluster of at most :func:`trimmed` (m) releases keeps its
+    hypothesis.
+    """
+    labels = nearest_hypothesis(released, hypotheses)
+    used = np.unique(labels)
+    radius = _radius(released, hypotheses)
+    centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius)
+    for _ in range(MAX_ITERATIONS):
+        if used.size < 2:
+            break
+        new = used[nearest_hypothesis(released, centroids[used])]
+        if np.array_equal(new, labels):
+            break
+        labels = new
+        centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius)
+    # A cluster no larger than the share of the round that may lie (trimmed(m)) could be made
+    # of rogues only: it keeps its hypothesis (see the module notes).
+    sizes = np.bincount(labels, minlength=hypotheses.shape[0])
+    few = (sizes > 0) & (sizes <= trimmed(released.shape[0]))
+    centroids[few] = hypotheses[few]
+    return labels, centroids
+
+
+def cluster_and_aggregate(
+    released: np.ndarray, sigmas: np.ndarray, hypotheses: np.ndarray, *,
+    aggregation: str, cluster_aggregator: str, rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which cluster each release joins, and what each cluster becomes.
+
+    ``cluster_aggregator="mean"``: :func:`strategies.clustering.assign_clusters` (k-means) and
+    :func:`strategies.aggregation.cluster_means` with the ``aggregation`` weights (and
+    ``rng``). Any other: :func:`robust_clusters`, which ignores the weights (a weight per
+    release is what a rogue would declare in its favour: the smallest σ).
+
+    Returns
+    -------
+    labels : np.ndarray
+        (m,) ``intp``: the cluster of each release.
+    hypotheses : np.ndarray
+        (k, n) float32: the new hypotheses.
+    """
+    if cluster_aggregator == "mean":
+        labels = assign_clusters(released, hypotheses)
+        return labels, cluster_means(released, sigmas, labels, hypotheses, aggregation, rng)
+    labels, centroids = robust_clusters(released, hypotheses, cluster_aggregator)
+    if cluster_aggregator == "clipped-mean" and aggregation != "mean":
+        # The budget weights apply to the clipped releases: clipping bounds what one release
+        # can do, the weights still favour the precise ones.
+        anchors = hypotheses[labels].astype(np.float64)
+        offsets = released.astype(np.float64) - anchors
+        norms = np.linalg.norm(offsets, axis=1)
+        shrink = np.minimum(1.0, _radius(released, hypotheses) / np.maximum(norms, 1e-300))
+        clipped = (anchors + offsets * shrink[:, None]).astype(np.float32)
+        weighted = cluster_means(clipped, sigmas, labels, hypotheses, aggregation, rng)
+        moved = ~np.all(centroids == hypotheses, axis=1)  # the clusters robust_clusters moved
+        centroids[moved] = weighted[moved]
+    return labels, centroids

@@ -1,0 +1,265 @@
+"""The adaptive rogue device, and federations of real clients against it, in one process.
+
+A rogue device charges its ledger honestly (it is a real :class:`client.numpy_client.GpflClient`
+that trains and releases) and then replaces its release by the largest one the server's
+screening accepts: it knows the rule (:func:`strategies.norms.screen_norms`), the round's
+other releases and the screening's reference, and finds the largest distance by bisection on
+the rule itself, so it stays the worst case whatever the rule becomes. It pushes one
+hypothesis (the first) straight away from the other; two rogues push together.
+
+:func:`run_federation` drives the real ServerApp components (``server.app.build_components``:
+the strategy with its screening, clustering, aggregation and validation) and ten real clients
+through Flower's loop of ``configure_fit`` → ``fit`` → ``aggregate_fit`` → ``evaluate``, in
+process (no gRPC, no Ray: the Simulation Engine runs the same objects). ``python -m
+tests.rogues`` prints the table of docs/RESULTS.md ("Rogue devices").
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.client_proxy import ClientProxy
+
+from client.app import device_task
+from client.numpy_client import GpflClient
+from client.policy import DevicePolicy
+from server.app import build_components
+from settings import federation_defaults
+from strategies import ClusteredStrategy
+from strategies.norms import screen_norms
+from tests.test_strategies_clustered import FakeManager, FakeProxy
+
+OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
+
+
+def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: ClusteredStrategy,
+                     count: int = 1) -> np.ndarray:
+    """``count`` identical releases as far from hypothesis 0 as the screening lets all pass.
+
+    Parameters
+    ----------
+    honest : np.ndarray
+        (m, n) float32: the round's other releases.
+    hypotheses : np.ndarray
+        (k, n): the hypotheses the round sent.
+    strategy : ClusteredStrategy
+        The server's strategy (its screening's limits and reference).
+    count : int
+        Rogue releases in the round (all at the same place).
+
+    Returns
+    -------
+    np.ndarray
+        (count, n) float32.
+    """
+    screen = strategy._screen
+    target = hypotheses[0].astype(np.float64)
+    away = target - hypotheses[1] if hypotheses.shape[0] > 1 else np.ones_like(target)
+    norm = np.linalg.norm(away)
+    direction = away / norm if norm > 0 else np.eye(target.size)[0]
+
+    def rows(r: float) -> np.ndarray:
+        return np.tile((target + r * direction).astype(np.float32), (count, 1))
+
+    def passes(r: float) -> bool:
+        matrix = np.vstack([honest, rows(r)]).astype(np.float32)
+        sigmas = np.full(matrix.shape[0], np.nan)
+        reasons, _ = screen_norms(matrix, hypotheses, sigmas, screen.reference, screen.limits)
+        return all(reason is None for reason in reasons[-count:])
+
+    low, high = 0.0, 1e15
+    if passes(high):
+        return rows(high)
+    for _ in range(80):  # log-bisection, then linear: ~1e-9 relative
+        middle = math.sqrt(max(low, 1e-9) * high) if high / max(low, 1e-9) > 2 else (
+            (low + high) / 2)
+        low, high = (middle, high) if passes(middle) else (low, middle)
+    return rows(low)
+
+
+@dataclass
+class Outcome:
+    """How one federation ended: the optima's distances to the last and the delivered hypotheses."""
+
+    last: list[float]
+    best: list[float]
+    honest_dropped: int
+    rogue_dropped: int
+
+
+def one_matrix(strategy: ClusteredStrategy) -> np.ndarray:
+    """The strategy's hypotheses as a (k, n) float32 matrix."""
+    return np.stack([np.concatenate([a.ravel() for a in h])
+                     for h in strategy.hypotheses]).astype(np.float32)
+
+
+def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any]) -> FitRes:
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 1, metrics)
+
+
+def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", rounds: int = 80,
+                   devices: int = 10, nu: float = 5.0, workdir: Path | None = None,
+                   factor: float | None = None,
+                   trace: Callable[[int, np.ndarray, Any], None] | None = None) -> Outcome:
+    """One synthetic federation of ``devices`` real clients, ``rogues`` of them adaptive rogues.
+
+    Every device is sampled every round (k = 2, Laplace ν, E = 5); devices ``0 .. rogues-1``
+    are the rogues. ``factor`` overrides the screening's relative factor (None: the default);
+    ``trace(round, hypotheses, record)`` sees each round.
+    """
+    # Ledgers and summaries are written with fsync every round: in memory where there is a
+    # tmpfs, or the ledger writes take most of the time.
+    shm = Path("/dev/shm")
+    with tempfile.TemporaryDirectory(dir=workdir or (shm if shm.is_dir() else None)) as tmp:
+        run: dict[str, Any] = {
+            **federation_defaults(), "task": "synthetic", "num-hypotheses": 2,
+            "mechanism": "laplace", "noise-multiplier": nu, "users": devices,
+            "clients-per-round": devices, "min-replies": 1, "num-rounds": rounds,
+            "local-epochs": 5, "seed": seed, "patience": 0, "out-dir": f"{tmp}/run",
+            "cluster-aggregator": aggregator,
+        }
+        components, _ = build_components(run)
+        assert components.server is not None
+        strategy = components.server.strategy
+        assert isinstance(strategy, ClusteredStrategy)
+        if factor is not None:
+            limits = strategy._screen.limits
+            strategy._screen.limits = type(limits)(**{**limits.__dict__,
+                                                      "relative_factor": factor})
+        clients = {}
+        for i in range(devices):
+            policy = DevicePolicy.load({
+                "partition-id": i, "num-partitions": devices, "ledger-dir": f"{tmp}/ledgers",
+                "allow-seeded-noise": True, "noise-seed": 1000 * seed + i,
+                "cap-d-privacy": 1e6}, environ={})
+            clients[str(i)] = GpflClient(device_task(run, policy), run, policy)
+        manager = FakeManager(list(clients))
+        rogue_ids = {str(i) for i in range(rogues)}
+        params = strategy.initialize_parameters(manager)
+        assert params is not None
+        honest_dropped = rogue_dropped = 0
+        for server_round in range(1, rounds + 1):
+            instructions = strategy.configure_fit(server_round, params, manager)
+            current = one_matrix(strategy)
+            replies: dict[str, tuple[list[np.ndarray], dict[str, Any]]] = {}
+            for proxy, ins in instructions:
+                arrays, _, metrics = clients[proxy.cid].fit(
+                    parameters_to_ndarrays(ins.parameters), dict(ins.config))
+                replies[proxy.cid] = (arrays, metrics)
+            honest = [np.concatenate([a.ravel() for a in arrays])
+                      for cid, (arrays, m) in replies.items()
+                      if cid not in rogue_ids and not m.get("declined")]
+            rogue_here = [cid for cid in replies if cid in rogue_ids]
+            if rogue_here:
+                forged = largest_accepted(np.array(honest, np.float32).reshape(-1, 2), current,
+                                          strategy, count=len(rogue_here))
+                for row, cid in zip(forged, rogue_here, strict=True):
+                    arrays, metrics = replies[cid]
+                    if not metrics.get("declined"):
+                        replies[cid] = ([row.reshape(arrays[0].shape)], metrics)
+            results: list[tuple[ClientProxy, FitRes]] = [
+                (FakeProxy(cid), _fit_res(arrays, metrics))
+                for cid, (arrays, metrics) in replies.items()]
+            new, _ = strategy.aggregate_fit(server_round, results, [])
+            if new is not None:
+                params = new
+            strategy.evaluate(server_round, params)
+            record = strategy.history[-1]
+            if trace is not None:
+                trace(server_round, one_matrix(strategy), record)
+            for device, _ in record.dropped:
+                if device.removeprefix("client-") in rogue_ids:
+                    rogue_dropped += 1
+                else:
+                    honest_dropped += 1
+
+        def distances(hypotheses: Sequence[Sequence[np.ndarray]]) -> list[float]:
+            h = np.stack([np.concatenate([a.ravel() for a in x]) for x in hypotheses])
+            return [float(np.min(np.linalg.norm(h - o, axis=1))) for o in OPTIMA]
+
+        return Outcome(distances(strategy.hypotheses), distances(strategy.best_hypotheses),
+                       honest_dropped, rogue_dropped)
+
+
+def wilson(successes: int, n: int) -> tuple[float, float]:
+    """The Wilson 95 % interval of a proportion."""
+    from scipy.stats import binomtest
+
+    interval = binomtest(successes, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return float(interval.low), float(interval.high)
+
+
+def table(results: dict[str, dict[str, dict[str, Any]]], rounds: int) -> list[str]:
+    """The markdown lines of docs/RESULTS.md from ``results[aggregator][rogues][seed]``."""
+    from experiments.tables import paired_difference, verdict
+
+    lines = [
+        "| cluster-aggregator | rogues | success (last) | Wilson 95 % | success (delivered) | "
+        "median largest distance (last) | honest replies dropped | rogue replies dropped |",
+        "|---|---|---|---|---|---|---|---|"]
+    worst: dict[tuple[str, str], dict[str, float]] = {}
+    for aggregator, by_count in results.items():
+        for count, by_seed in sorted(by_count.items()):
+            worst[(aggregator, count)] = {s: max(o["last"]) for s, o in by_seed.items()}
+            n = len(by_seed)
+            ok = sum(max(o["last"]) <= 0.5 for o in by_seed.values())
+            ok_best = sum(max(o["best"]) <= 0.5 for o in by_seed.values())
+            low, high = wilson(ok, n)
+            median = float(np.median(list(worst[(aggregator, count)].values())))
+            lines.append(
+                f"| {aggregator} | {count} | {ok}/{n} | [{low:.2f}, {high:.2f}] | {ok_best}/{n} "
+                f"| {median:.3g} | {sum(o['honest_dropped'] for o in by_seed.values())} "
+                f"| {sum(o['rogue_dropped'] for o in by_seed.values())} |")
+    if ("mean", "0") in worst:
+        lines += ["", f"Cost of robustness without rogues ({rounds} rounds): the largest distance "
+                  "from an optimum to its nearest last hypothesis, aggregator minus mean, paired "
+                  "by seed (95 % t interval; negative: closer than the mean):", ""]
+        for aggregator in results:
+            if aggregator != "mean" and (aggregator, "0") in worst:
+                diff = paired_difference(worst[(aggregator, "0")], worst[("mean", "0")])
+                lines.append(f"- {aggregator}: {verdict(*diff)}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run the grid (or combine saved ones) and print the table of docs/RESULTS.md."""
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m tests.rogues")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=80)
+    parser.add_argument("--aggregators", default="mean,median,trimmed-mean,krum,clipped-mean")
+    parser.add_argument("--rogues", default="0,1,2")
+    parser.add_argument("--out", type=Path, help="write the per-seed results here (JSON)")
+    parser.add_argument("--combine", type=Path, nargs="*", default=[],
+                        help="print the table of these saved results instead of running")
+    args = parser.parse_args(argv)
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    if args.combine:
+        for path in args.combine:
+            for aggregator, by_count in json.loads(path.read_text()).items():
+                results.setdefault(aggregator, {}).update(by_count)
+    else:
+        for aggregator in args.aggregators.split(","):
+            for count in args.rogues.split(","):
+                for seed in range(args.seeds):
+                    outcome = run_federation(seed, rogues=int(count), aggregator=aggregator,
+                                             rounds=args.rounds)
+                    results.setdefault(aggregator, {}).setdefault(count, {})[str(seed)] = (
+                        outcome.__dict__)
+                    print(f"{aggregator} rogues={count} seed={seed}: {outcome}", flush=True)
+                if args.out:
+                    args.out.write_text(json.dumps(results, indent=1))
+    print("\n".join(table(results, args.rounds)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""No release the server could know it would discard: the quorum, the back-off of silent devices,
+a restarted device taking over its name, and a run whose hypotheses were pushed away.
+
+In process (fake ClientManager, hand-built replies); tests/test_integration_robust.py drives the
+same over real processes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.common import Parameters
+
+from server.results import RunRecorder, privacy_report
+from strategies import ClusteredStrategy
+from strategies.proxies import FAILED, DeviceFailure
+from tests.test_strategies_clustered import FakeManager, FakeProxy, hyp
+from tests.test_strategies_faults import res
+
+NONE = Parameters([], "")
+
+
+def make(**kwargs: object) -> ClusteredStrategy:
+    settings: dict[str, object] = {"clients_per_round": 3, "rng": np.random.default_rng(0),
+                                   "round_timeout": 0.2}
+    settings.update(kwargs)
+    return ClusteredStrategy(initial_hypotheses=hyp([0.0]), **settings)  # type: ignore[arg-type]
+
+
+def play(strategy: ClusteredStrategy, manager: FakeManager, t: int,
+         silent: set[str]) -> list[str]:
+    """One round in which every sampled device but ``silent`` replies; return who was sampled."""
+    sampled = [proxy.cid for proxy, _ in strategy.configure_fit(t, NONE, manager)]
+    if sampled:
+        results = [(FakeProxy(cid), res([1.0], name=f"dev-{cid}")) for cid in sampled
+                   if cid not in silent]
+        strategy.aggregate_fit(t, results, [])
+    strategy.evaluate(t, NONE)
+    return sorted(sampled)
+
+
+def test_a_silent_device_rests_longer_after_each_miss_and_is_asked_again() -> None:
+    manager = FakeManager(["a", "b", "c"])
+    strategy = make()
+
+    asked = [play(strategy, manager, t, silent={"a"}) for t in range(1, 9)]
+
+    # Missed round 1: rests 1 round (2); missed 3: rests 3 (4-6); asked again in 7, missed,
+    # rests 7 rounds. Before the back-off, "a" was asked (and waited for) in every round.
+    with_a = [t for t, devices in enumerate(asked, start=1) if "a" in devices]
+    assert with_a == [1, 3, 7]
+    assert strategy.clients["a"].missed_in_a_row == 3 and strategy.clients["a"].missing == 3
+
+
+def test_a_device_that_answers_again_is_counted_again() -> None:
+    manager = FakeManager(["a", "b"])
+    strategy = make(clients_per_round=2)
+    play(strategy, manager, 1, silent={"a"})
+    play(strategy, manager, 2, silent=set())  # a rests
+    assert play(strategy, manager, 3, silent=set()) == ["a", "b"]
+    assert strategy.clients["a"].missed_in_a_row == 0
+
+
+def test_no_device_is_asked_when_the_responsive_ones_cannot_make_the_quorum() -> None:
+    # Prepare: 3 devices, min-replies 3; "a" dies in round 1 (still registered, as a dead
+    # SuperNode stays at the SuperLink for about a minute).
+    manager = FakeManager(["a", "b", "c"])
+    strategy = make(min_replies=3)
+    play(strategy, manager, 1, silent={"a"})
+    charged = {cid: strategy.clients[cid].sampled for cid in "abc"}
+
+    # Execute
+    asked = play(strategy, manager, 2, silent=set())
+
+    # Assert: nobody asked (before the quorum check, b and c were asked and charged for a
+    # round kept unchanged); the run stops, resumable, and says why.
+    assert asked == []
+    assert {cid: strategy.clients[cid].sampled for cid in "abc"} == charged
+    assert strategy.incomplete_reason == ("round 2: too few devices: 3 connected, 2 answered "
+                                          "their last round, min-replies=3")
+
+
+def test_a_restarted_device_makes_the_quorum_and_takes_over_its_name() -> None:
+    # Prepare: "a" (dev-a) dies in round 1 and restarts as node "a2", while its old node is
+    # still registered.
+    manager = FakeManager(["a", "b", "c"])
+    strategy = make(min_replies=3)
+    play(strategy, manager, 1, silent={"a"})
+    manager.register(FakeProxy("a2"))
+
+    # Execute: round 2 asks the three responsive devices; the new node speaks as dev-a.
+    sampled = [proxy.cid for proxy, _ in strategy.configure_fit(2, NONE, manager)]
+    _, metrics = strategy.aggregate_fit(2, [
+        (FakeProxy("a2"), res([2.0], name="dev-a")),
+        (FakeProxy("b"), res([2.0], name="dev-b")),
+        (FakeProxy("c"), res([2.0], name="dev-c"))], [])
+
+    # Assert: counted (before, "name 'dev-a' belongs to node a" after it charged).
+    assert sorted(sampled) == ["a2", "b", "c"]
+    assert metrics["dropped"] == 0 and metrics["replies"] == 3
+    assert strategy.hypotheses[0][0].tolist() == [2.0]
+
+
+def test_a_restarted_device_whose_old_node_is_asked_in_the_same_round_is_counted() -> None:
+    manager = FakeManager(["1", "2"])
+    strategy = make(clients_per_round=8)
+    strategy.configure_fit(1, NONE, manager)
+    strategy.aggregate_fit(1, [(FakeProxy("1"), res([1.0], name="alice"))], [])
+    strategy.evaluate(1, NONE)
+    manager.register(FakeProxy("3"))
+
+    # Node 1 (dead, still registered) is asked and silent; node 3 is alice restarted.
+    strategy.configure_fit(2, NONE, manager)
+    _, metrics = strategy.aggregate_fit(2, [(FakeProxy("3"), res([5.0], name="alice"))], [])
+    strategy.evaluate(2, NONE)
+
+    assert metrics["dropped"] == 0
+    assert privacy_report("laplace", strategy.clients)["per_client"]["alice"]["node_ids"] == [
+        "1", "3"]
+
+
+def test_hypotheses_pushed_away_end_the_run_as_diverged_naming_the_rogue(tmp_path) -> None:
+    # Prepare: 4 devices; "r" releases 500x farther than the others for two rounds.
+    manager = FakeManager(["a", "b", "c", "r"])
+    strategy = make(clients_per_round=4)
+    recorder = RunRecorder(tmp_path, {}, 10, "laplace")
+    recorder.attach(strategy)
+    for t in (1, 2):
+        strategy.configure_fit(t, NONE, manager)
+        strategy.aggregate_fit(t, [
+            (FakeProxy("a"), res([0.9 + t], name="dev-a")),
+            (FakeProxy("b"), res([1.1 + t], name="dev-b")),
+            (FakeProxy("c"), res([1.0 + t], name="dev-c")),
+            (FakeProxy("r"), res([500.0 * t], name="rogue"))], [])
+        strategy.evaluate(t, NONE)
+
+    # Execute: the honest devices refuse the hypotheses (beyond their max-parameter).
+    strategy.configure_fit(3, NONE, manager)
+    refusal = ("error: <class 'InstructionError'>:<'hypothesis 0, layer 0: a value of magnitude "
+               "7e+05 is beyond this device's max-parameter=1e+06'>")
+    strategy.aggregate_fit(3, [(FakeProxy("r"), res([9e5], name="rogue"))],
+                           [DeviceFailure(cid, FAILED, refusal) for cid in "abc"])
+    strategy.evaluate(3, NONE)
+
+    # Assert: the run stops, diverged (not resumable), naming the rogue and only it.
+    assert strategy.diverged and strategy.configure_fit(4, NONE, manager) == []
+    reason = strategy.incomplete_reason or ""
+    assert reason.startswith("round 3: the hypotheses were pushed away: 3 of 4 devices refused")
+    assert "came from rogue (" in reason and "dev-a" not in reason.split("came from")[1]
+    assert recorder.status() == ("diverged", reason)
+
+
+def test_a_lone_refusal_among_many_replies_does_not_stop_the_run() -> None:
+    manager = FakeManager(["a", "b", "c"])
+    strategy = make()
+    strategy.configure_fit(1, NONE, manager)
+    strategy.aggregate_fit(1, [(FakeProxy("a"), res([1.0], name="dev-a")),
+                               (FakeProxy("b"), res([1.0], name="dev-b"))],
+                           [DeviceFailure("c", FAILED, "error: ... max-parameter=10 ...")])
+    assert not strategy.diverged and strategy.incomplete_reason is None
