@@ -160,6 +160,23 @@ _DECLARATIONS: tuple[Setting, ...] = (
             group="aggregation", choices=("mean", "weighted", "probability", "inverse-variance")),
     Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
             group="aggregation", minimum=0.0, open_minimum=True),
+    # Post-processing of the releases by the server (strategies.server_update): nothing is sent
+    # to a device and nothing is charged, so no choice here can weaken a device's privacy.
+    Setting("server-update", str, "mean",
+            "how a hypothesis moves to its cluster's mean: mean (replaced, the papers'), step "
+            "(by server-step), anneal (a full step until validation stalls, then a decreasing "
+            "one)", group="aggregation", choices=("mean", "step", "anneal")),
+    Setting("server-step", float, 0.5, "step: the fraction of the way to the cluster mean",
+            group="aggregation", minimum=0.0, maximum=1.0, open_minimum=True),
+    Setting("anneal-after", int, 3,
+            "anneal: validations without a new best loss before the step starts to decrease",
+            group="aggregation", minimum=1),
+    Setting("anneal-rounds", float, 20.0,
+            "anneal: rounds after which the decreasing step has halved", group="aggregation",
+            minimum=0.0, open_minimum=True),
+    Setting("reseed-after", int, 0,
+            "re-seed a hypothesis that drew no release for this many rounds by splitting the "
+            "largest cluster (0 = never)", group="aggregation", minimum=0),
     # -- tasks -----------------------------------------------------------------------------------
     Setting("data-seed", int, 0, "generates or splits the task's data (public)", group="tasks",
             minimum=0),

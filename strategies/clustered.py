@@ -7,30 +7,28 @@ One round, as Flower's legacy ``Server.fit`` drives it::
     aggregate_fit   screen every reply (strategies.intake: declines apart; bad replies dropped,
                     failed and missing devices named and logged), then, with at least
                     ``min_replies`` usable replies, k-means on the released vectors seeded with
-                    the hypotheses and for each cluster the budget-weighted mean of its members
-                    (an empty cluster keeps its hypothesis); for the stochastic-sign release, a
+                    the hypotheses, for each cluster the budget-weighted mean of its members
+                    (an empty cluster keeps its hypothesis) and the server update's step to it
+                    (strategies.server_update); for the stochastic-sign release, a
                     majority-vote step instead
     evaluate        server-side validation every ``eval_every`` rounds, early stop on
                     ``patience``, then one :class:`RoundRecord` for the round (inherited from
                     :class:`~strategies.recorded.RecordedStrategy`)
 
-The math is pure functions on NumPy arrays: :func:`strategies.clustering.assign_clusters` (which
-cluster each release joins) and :mod:`strategies.aggregation` (what each cluster becomes); this
-class converts Flower's messages to a (m, n) float32 matrix and back, and orchestrates.
+The math is pure functions on NumPy arrays (:mod:`strategies.clustering`,
+:mod:`strategies.aggregation`, :mod:`strategies.server_update`); this class converts Flower's
+messages to a (m, n) float32 matrix and back, and orchestrates. Round 0 and the order of
+Flower's calls: :mod:`strategies.recorded`. After an early stop, or once too few devices are
+connected to start a round, ``configure_fit`` returns no clients, Flower skips the remaining
+rounds cheaply, and ``evaluate`` returns ``None`` and records nothing for them. The round's
+deadline is Flower's (``ServerConfig(round_timeout=...)``: each instruction's TTL); a device
+that misses it is reported by Flower as a failure, which
+:class:`~strategies.proxies.TracedProxy` attributes to the device.
 
-Round 0 and the order of Flower's calls: :mod:`strategies.recorded`. After an early stop, or
-once too few devices are connected to start a round, ``configure_fit`` returns no clients,
-Flower skips the remaining rounds cheaply, and ``evaluate`` returns ``None`` and records nothing
-for them.
-
-The round's deadline is Flower's (``ServerConfig(round_timeout=...)``, which the Deployment
-Engine turns into each instruction's TTL); a device that misses it is reported by Flower as a
-failure, which :class:`~strategies.proxies.TracedProxy` attributes to the device.
-
-Resuming: :meth:`ClusteredStrategy.state` captures everything the strategy needs to continue
-(hypotheses, best ones, records, rng state, name bindings) and :meth:`ClusteredStrategy.restore`
-puts it back; Flower then counts rounds from 1 again, and the strategy maps its round ``i`` to
-``restored round + i``.
+Resuming: :meth:`ClusteredStrategy.state` captures what the strategy needs to continue
+(hypotheses, best ones, records, rng state, name bindings; not the rounds of past re-seedings)
+and :meth:`ClusteredStrategy.restore` puts it back; Flower then counts rounds from 1 again, and
+the strategy maps its round ``i`` to ``restored round + i``.
 """
 
 from __future__ import annotations
@@ -54,6 +52,7 @@ from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
 from strategies.sampling import check_int, check_sampling, sample_devices
+from strategies.server_update import ServerUpdate
 
 __all__ = ["RELEASES", "ClientRecord", "ClusteredStrategy", "RoundRecord"]
 
@@ -113,14 +112,15 @@ class ClusteredStrategy(RecordedStrategy):
     keep_released : bool
         Store each round's released vectors (and their cluster) in the record, e.g. to plot a
         2-parameter task. It costs m·n Python floats per round: only for small models.
+    server_update : ServerUpdate, optional
+        The step to the cluster means and the re-seeding; default: the papers' plain mean.
 
     Attributes
     ----------
     hypotheses : list of list of np.ndarray
         The current k hypotheses (a fresh copy at each access).
     best_hypotheses : list of list of np.ndarray
-        The hypotheses with the lowest validation loss so far (the current ones if never
-        validated).
+        The hypotheses of the lowest validation loss so far (the current ones if never any).
     incomplete_reason : str or None
         Why the run stopped before its last round (too few devices), if it did.
     history, clients, stopped_early, rounds_completed, last_round, best_loss, best_round
@@ -152,6 +152,7 @@ class ClusteredStrategy(RecordedStrategy):
         on_round: Callable[[RoundRecord], None] | None = None,
         on_stop: Callable[[str], None] | None = None,
         keep_released: bool = False,
+        server_update: ServerUpdate | None = None,
     ) -> None:
         self._shapes, self._flat = stack_hypotheses(initial_hypotheses)
         k = self.num_hypotheses
@@ -159,19 +160,14 @@ class ClusteredStrategy(RecordedStrategy):
         clients_per_round, min_replies, round_timeout = check_sampling(
             clients_per_round, min_replies, round_timeout)
         if release not in RELEASES:
-            raise ValueError(
-                f"release must be one of {', '.join(RELEASES)}; got release={release!r}"
-            )
+            raise ValueError(f"release must be one of {', '.join(RELEASES)}; got "
+                             f"release={release!r}")
         if release == "sign" and k != 1:
-            raise ValueError(
-                "release='sign' updates a single model: num-hypotheses must be 1, "
-                f"got num-hypotheses={k}"
-            )
+            raise ValueError("release='sign' updates a single model: num-hypotheses must be 1, "
+                             f"got num-hypotheses={k}")
         if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
-            raise ValueError(
-                "server_learning_rate must be positive and finite, "
-                f"got server_learning_rate={server_learning_rate!r}"
-            )
+            raise ValueError("server_learning_rate must be positive and finite, "
+                             f"got server_learning_rate={server_learning_rate!r}")
         eval_every = check_int("eval_every", eval_every, minimum=1)
         patience = check_int("patience", patience, minimum=0)
         fit_config = dict(fit_config or {})
@@ -188,6 +184,8 @@ class ClusteredStrategy(RecordedStrategy):
         self.aggregation = check_aggregation(aggregation)
         self.server_learning_rate = float(server_learning_rate)
         self.keep_released = keep_released
+        self.server_update = server_update or ServerUpdate()
+        self._reseeded: dict[int, int] = {}  # hypothesis -> round of its last re-seeding
         self._fit_config: dict[str, Scalar] = fit_config
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
@@ -322,8 +320,10 @@ class ClusteredStrategy(RecordedStrategy):
                                  self.server_learning_rate)
         else:
             labels = assign_clusters(released, self._flat)
-            new_flat = cluster_means(released, sigmas, labels, self._flat, self.aggregation,
-                                     self._rng)
+            means = cluster_means(released, sigmas, labels, self._flat, self.aggregation,
+                                  self._rng)
+            new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
+                                                   self.history, t, self._reseeded)
         if kept is None and not np.isfinite(new_flat).all():
             # Unreachable with screened replies (see strategies.norms); a last guard that the
             # hypotheses never hold a NaN or an inf.
