@@ -32,6 +32,7 @@ EXPERIMENTS: dict[str, str] = {
     "personalized-budgets": "experiments.personalized_budgets",
     "dlg": "experiments.dlg_audit",
     "scale": "experiments.scale",
+    "small-federations": "experiments.small_federations",
 }
 COMMANDS = (*EXPERIMENTS, "all", "report")
 

@@ -23,6 +23,7 @@ from experiments import (
     leakage,
     personalized_budgets,
     scale,
+    small_federations,
     synthetic_ablation,
 )
 from experiments.report_text import TEXT
@@ -36,7 +37,7 @@ from experiments.tables import (
 )
 
 ORDER = ("synthetic-ablation", "accuracy-vs-nu", "leakage", "fairness", "personalized-budgets",
-         "dlg", "scale")
+         "dlg", "scale", "small-federations")
 
 
 def _load(root: Path, name: str) -> tuple[list[dict[str, str]], dict[str, Any]] | None:
@@ -128,6 +129,7 @@ def write_report(root: Path, doc: Path) -> Path:
         "leakage": "001 Table 1", "fairness": "004 §2.5.2, Fig. 2.7-2.8",
         "personalized-budgets": "002 §5, Fig. 2-7", "dlg": "001 Fig. 5 / 000 §5.4",
         "scale": "issue 4 (≥ 1,000 virtual users)",
+        "small-federations": "001 §4.1 at 4-100 devices",
     }
     for name in ORDER:
         item = loaded[name]
@@ -152,6 +154,7 @@ def write_report(root: Path, doc: Path) -> Path:
     sections = {
         "synthetic-ablation": _synthetic, "accuracy-vs-nu": _accuracy, "leakage": _leakage,
         "fairness": _fairness, "personalized-budgets": _budgets, "dlg": _dlg, "scale": _scale,
+        "small-federations": small_federations.section,
     }
     for name in ORDER:
         out += [f"## {name}", ""]
