@@ -291,4 +291,28 @@ def section(rows: list[dict[str, str]]) -> list[str]:
             f"{'>' + group[0]['rounds'] if math.isinf(median) else f'{median:g}'}; {never} | "
             f"{hits}/{len(group)} [{100 * lo:.0f}, {100 * hi:.0f} %] | "
             f"{statistics.median(spends):g}, {max(float(r['spend_max']) for r in group):g} |")
+    out += ["", *_goals(groups)]
     return out
+
+
+#: (devices, round, share): the final hypotheses of ``gpfl`` should be within 0.5 this often.
+GOALS = ((20, 60, 0.95), (8, 100, 0.90))
+
+
+def _goals(groups: Mapping[tuple[int, str], list[dict[str, str]]]) -> list[str]:
+    """Return one line per goal: met or not, with the measured share and its interval."""
+    lines = []
+    for devices, rounds, share in GOALS:
+        group = groups.get((devices, "gpfl"), [])
+        values = [float(r[f"final_{rounds}"]) for r in group if r.get(f"final_{rounds}")]
+        if not values:
+            lines.append(f"- Goal {100 * share:.0f} % at {devices} devices by round {rounds}: "
+                         "not measured.")
+            continue
+        hits = sum(v < THRESHOLD for v in values)
+        lo, hi = wilson(hits, len(values))
+        met = "met" if hits / len(values) >= share else "**not met**"
+        lines.append(f"- Goal: final hypotheses within 0.5 in ≥ {100 * share:.0f} % of runs at "
+                     f"{devices} devices by round {rounds}: {met}, {hits}/{len(values)} = "
+                     f"{100 * hits / len(values):.0f} % [{100 * lo:.0f}, {100 * hi:.0f}].")
+    return lines
