@@ -175,3 +175,17 @@ def test_the_strategy_anneals_once_the_validation_stalls() -> None:
     strategy.aggregate_fit(4, results_of([reply([2, 2])]), [])
 
     np.testing.assert_array_equal(one_layer(strategy), [[1, 1]])
+
+
+def test_the_server_app_gives_the_strategy_the_run_configs_update(tmp_path) -> None:
+    from server.app import build_components
+
+    config = {**federation_defaults(), "out-dir": str(tmp_path), "server-update": "anneal",
+              "reseed-after": 3}
+    components, _ = build_components(config)
+
+    strategy = components.server.strategy
+    assert strategy.server_update == ServerUpdate("anneal", reseed_after=3)  # type: ignore
+    # The app's defaults: the papers' update.
+    components, _ = build_components({**federation_defaults(), "out-dir": str(tmp_path / "b")})
+    assert components.server.strategy.server_update == ServerUpdate()  # type: ignore
