@@ -35,6 +35,7 @@ EXPERIMENTS: dict[str, str] = {
     "scale": "experiments.scale",
     "empirical-privacy": "experiments.empirical_privacy",
     "mia": "experiments.mia",
+    "small-federations": "experiments.small_federations",
 }
 COMMANDS = (*EXPERIMENTS, "all", "report")
 

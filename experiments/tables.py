@@ -180,3 +180,16 @@ def verdict(mean: float, half: float, n: int, digits: int = 3) -> str:
 def excludes_zero(mean: float, half: float, n: int) -> bool:
     """Whether the interval lies wholly on one side of 0 (needs two values or more)."""
     return n >= 2 and math.isfinite(half) and abs(mean) > half
+
+
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """Return the Wilson score 95 % interval of a proportion ``hits / n`` (SciPy's).
+
+    ``(nan, nan)`` for ``n = 0``.
+    """
+    if n == 0:
+        return (math.nan, math.nan)
+    from scipy.stats import binomtest
+
+    interval = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return (float(interval.low), float(interval.high))

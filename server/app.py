@@ -159,6 +159,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         aggregation=settings.aggregation,
         cluster_aggregator=settings.values["cluster-aggregator"],
         server_learning_rate=settings.server_learning_rate,
+        server_update=settings.server_update,
         norm_limits=norm_limits(settings),
         evaluate_fn=evaluate_fn if validation else None,
         eval_every=settings.eval_every,

@@ -12,13 +12,15 @@ The quickstart keeps that privacy and changes only what the method leaves free:
   noise of a cluster's mean falls as 1/√m with m releases in it;
 * five local epochs (``local-epochs`` = 5), so each release carries a larger step toward its
   group's optimum, for the same relative noise;
-* up to 60 rounds, stopped after 15 without a better validation loss, and the best
-  validation round's hypotheses are the result.
+* the ``anneal`` server update (``server-update``): the papers' cluster mean until the
+  validation loss stalls, then a decreasing step that averages the release noise over rounds,
+  and a hypothesis that no release reaches for 3 rounds is re-seeded (``reseed-after``).
+  Both are post-processing of the releases: no device does or spends anything more;
+* 60 rounds, or 100 below 16 SuperNodes (fewer releases a round average less noise), without
+  early stopping; the best validation round's hypotheses are the result.
 
-Measured over real processes (docs/USAGE.md, "What convergence takes"): the quickstart ends
-within 0.5 of both optima, for the paper's optima and for another well-separated pair. More
-SuperNodes would need fewer rounds, but each round costs more: on 2 cores 20 real SuperNodes take
-~8 s a round, 30 take ~13 s.
+Measured in process (docs/RESULTS.md, "Small federations") and over real processes
+(docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take ~6-8 s a round.
 """
 
 from __future__ import annotations
@@ -35,8 +37,13 @@ QUICKSTART_SUPERNODES = 20
 QUICKSTART_RUN_CONFIG: dict[str, Any] = {
     "local-epochs": 5,
     "num-rounds": 60,
-    "patience": 15,
+    "patience": 0,
+    "server-update": "anneal",
+    "reseed-after": 3,
 }
+#: Below this many SuperNodes the quickstart runs :data:`SMALL_FEDERATION_ROUNDS` rounds.
+SMALL_FEDERATION = 16
+SMALL_FEDERATION_ROUNDS = 100
 
 
 def quickstart_run_config(supernodes: int, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -45,8 +52,10 @@ def quickstart_run_config(supernodes: int, given: Mapping[str, Any]) -> dict[str
     Parameters
     ----------
     supernodes : int
-        SuperNodes of the launch; all of them are sampled every round.
+        SuperNodes of the launch; all of them are sampled every round, and below
+        :data:`SMALL_FEDERATION` the run is :data:`SMALL_FEDERATION_ROUNDS` rounds long.
     given : Mapping
         The run config from the command line: its keys win.
     """
-    return {**QUICKSTART_RUN_CONFIG, "clients-per-round": max(1, supernodes), **given}
+    rounds = {"num-rounds": SMALL_FEDERATION_ROUNDS} if supernodes < SMALL_FEDERATION else {}
+    return {**QUICKSTART_RUN_CONFIG, **rounds, "clients-per-round": max(1, supernodes), **given}

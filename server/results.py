@@ -1,12 +1,11 @@
 """Results of a run: the per-round line, ``summary.json``, the checkpoint and the figure.
 
 After every round the checkpoint (:mod:`server.checkpoint`) and then the summary are rewritten
-(atomically), so a run that is interrupted still leaves what it had learnt and can be resumed,
-and the final file is complete once the last round is recorded. The summary's ``status`` says
-where the run stands: ``running`` (also what a killed or crashed ServerApp leaves behind),
-``complete``, ``stopped-early`` (patience ran out), ``incomplete`` (``incomplete_reason``
-says why, e.g. too few devices connected) or ``diverged`` (the devices refused the hypotheses:
-some devices' releases pushed them away; ``incomplete_reason`` names them; not resumable).
+(atomically): an interrupted run leaves what it had learnt and can be resumed. ``status``:
+``running`` (also what a killed or crashed ServerApp leaves behind), ``complete``,
+``stopped-early`` (patience ran out), ``incomplete`` (``incomplete_reason`` says why, e.g. too
+few devices connected) or ``diverged`` (the devices refused the hypotheses: some devices'
+releases pushed them away; ``incomplete_reason`` names them; not resumable).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import Any
 
 from settings import SettingError, check_run_config
 from settings.rules import check_run_rules
+from strategies.server_update import ServerUpdate
 
 __all__ = ["RunSettings", "SettingError"]
 
@@ -38,6 +39,7 @@ class RunSettings:
     min_replies: int
     resume_from: Path | None
     values: dict[str, Any]
+    server_update: ServerUpdate
 
     @classmethod
     def from_run_config(cls, run_config: Mapping[str, Any]) -> RunSettings:
@@ -69,6 +71,8 @@ class RunSettings:
             min_replies=v["min-replies"],
             resume_from=Path(v["resume-from"]).expanduser() if v["resume-from"] else None,
             values=v,
+            server_update=ServerUpdate(v["server-update"], v["server-step"], v["anneal-after"],
+                                       v["anneal-rounds"], v["reseed-after"]),
         )
 
     def task_config(self) -> dict[str, Any]:

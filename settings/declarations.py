@@ -122,6 +122,8 @@ def _check_device(text: str) -> None:
 MECHANISMS = ("laplace", "gaussian", "sign", "none")
 #: How a cluster's releases are weighted (strategies.aggregation implements each).
 AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
+#: How a hypothesis moves toward its cluster's aggregate (strategies.server_update).
+SERVER_UPDATES = ("mean", "step", "anneal")
 #: What a cluster of releases becomes (strategies.robust implements each).
 CLUSTER_AGGREGATORS = ("mean", "clipped-mean", "median", "trimmed-mean", "krum")
 #: Clipping of a Gaussian/sign update; mechanisms.clipping.CLIP_MODES implements these (mechanisms
@@ -236,6 +238,23 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "with each release clipped to the round's median distance, or a coordinate-wise "
             "median, trimmed mean or multi-Krum", group="aggregation",
             choices=CLUSTER_AGGREGATORS),
+    # Post-processing of the releases by the server (strategies.server_update): nothing is sent
+    # to a device and nothing is charged, so no choice here can weaken a device's privacy.
+    Setting("server-update", str, "mean",
+            "how a hypothesis moves to its cluster's mean: mean (replaced, the papers'), step "
+            "(by server-step), anneal (a full step until validation stalls, then a decreasing "
+            "one)", group="aggregation", choices=SERVER_UPDATES),
+    Setting("server-step", float, 0.5, "step: the fraction of the way to the cluster mean",
+            group="aggregation", minimum=0.0, maximum=1.0, open_minimum=True),
+    Setting("anneal-after", int, 3,
+            "anneal: validations without a new best loss before the step starts to decrease",
+            group="aggregation", minimum=1),
+    Setting("anneal-rounds", float, 20.0,
+            "anneal: rounds after which the decreasing step has halved", group="aggregation",
+            minimum=0.0, open_minimum=True),
+    Setting("reseed-after", int, 0,
+            "re-seed a hypothesis that drew no release for this many rounds by splitting the "
+            "largest cluster (0 = never)", group="aggregation", minimum=0),
     # -- tasks -----------------------------------------------------------------------------------
     Setting("data-seed", int, 0, "generates or splits the task's data (public)", group="tasks",
             minimum=0),

@@ -30,6 +30,7 @@ from settings.declarations import (
     CLIP_MODES,
     CLUSTER_AGGREGATORS,
     MECHANISMS,
+    SERVER_UPDATES,
     SETTINGS,
     parse_optima,
 )
@@ -41,6 +42,7 @@ __all__ = [
     "CLUSTER_AGGREGATORS",
     "FLOWER_NODE_KEYS",
     "MECHANISMS",
+    "SERVER_UPDATES",
     "SETTINGS",
     "Setting",
     "SettingError",

@@ -5,32 +5,26 @@ One round, as Flower's legacy ``Server.fit`` drives it::
     configure_fit   sample up to U of the connected clients with the strategy's own rng (waiting
                     at most ``round_timeout`` for ``min_replies`` of them); send the k hypotheses
     aggregate_fit   screen every reply (strategies.intake: declines apart; bad replies dropped,
-                    failed and missing devices named and logged), then, with at least
-                    ``min_replies`` usable replies, k-means on the released vectors seeded with
-                    the hypotheses and for each cluster the budget-weighted mean of its members
-                    (an empty cluster keeps its hypothesis); for the stochastic-sign release, a
-                    majority-vote step instead
+                    failed and missing devices named); with ``min_replies`` usable replies,
+                    cluster the releases and aggregate each cluster (strategies.robust: k-means
+                    and the budget-weighted mean by default; an empty cluster keeps its
+                    hypothesis), then the server update's step (strategies.server_update);
+                    for the stochastic-sign release, a majority-vote step instead
     evaluate        server-side validation every ``eval_every`` rounds, early stop on
                     ``patience``, then one :class:`RoundRecord` for the round (inherited from
                     :class:`~strategies.recorded.RecordedStrategy`)
 
-The math is pure functions on NumPy arrays: :func:`strategies.clustering.assign_clusters` (which
-cluster each release joins) and :mod:`strategies.aggregation` (what each cluster becomes); this
-class converts Flower's messages to a (m, n) float32 matrix and back, and orchestrates.
+The math is pure functions on NumPy arrays; this class converts Flower's messages to a (m, n)
+float32 matrix and back, and orchestrates (round 0 and the order of Flower's calls:
+:mod:`strategies.recorded`). After an early stop, or without a quorum, ``configure_fit``
+returns no clients and Flower skips the remaining rounds cheaply. The round's deadline is each
+instruction's TTL (``ServerConfig(round_timeout=...)``); a device that misses it is a failure
+that :class:`~strategies.proxies.TracedProxy` attributes to the device.
 
-Round 0 and the order of Flower's calls: :mod:`strategies.recorded`. After an early stop, or
-once too few devices are connected to start a round, ``configure_fit`` returns no clients,
-Flower skips the remaining rounds cheaply, and ``evaluate`` returns ``None`` and records nothing
-for them.
-
-The round's deadline is Flower's (``ServerConfig(round_timeout=...)``, which the Deployment
-Engine turns into each instruction's TTL); a device that misses it is reported by Flower as a
-failure, which :class:`~strategies.proxies.TracedProxy` attributes to the device.
-
-Resuming: :meth:`ClusteredStrategy.state` captures everything the strategy needs to continue
-(hypotheses, best ones, records, rng state, name bindings) and :meth:`ClusteredStrategy.restore`
-puts it back; Flower then counts rounds from 1 again, and the strategy maps its round ``i`` to
-``restored round + i``.
+Resuming: :meth:`ClusteredStrategy.state` captures what the strategy needs to continue
+(hypotheses, best ones, records, rng state, name bindings; not the rounds of past re-seedings)
+and :meth:`ClusteredStrategy.restore` puts it back; Flower then counts rounds from 1 again, and
+the strategy maps its round ``i`` to ``restored round + i``.
 """
 
 from __future__ import annotations
@@ -56,6 +50,7 @@ from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
 from strategies.robust import check_cluster_aggregator, cluster_and_aggregate
 from strategies.sampling import check_int, check_sampling, responsive, sample_devices
+from strategies.server_update import ServerUpdate
 
 __all__ = ["RELEASES", "ClientRecord", "ClusteredStrategy", "RoundRecord"]
 
@@ -118,16 +113,14 @@ class ClusteredStrategy(RecordedStrategy):
     on_stop : callable, optional
         Called with ``incomplete_reason`` when the run stops for lack of devices.
     keep_released : bool
-        Store each round's released vectors (and their cluster) in the record, e.g. to plot a
-        2-parameter task. It costs m·n Python floats per round: only for small models.
+        Store each round's released vectors (and clusters) in the record: small models only.
+    server_update : ServerUpdate, optional
+        The step to the cluster means and the re-seeding; default: the papers' plain mean.
 
     Attributes
     ----------
-    hypotheses : list of list of np.ndarray
-        The current k hypotheses (a fresh copy at each access).
-    best_hypotheses : list of list of np.ndarray
-        The hypotheses with the lowest validation loss so far (the current ones if never
-        validated).
+    hypotheses, best_hypotheses : list of list of np.ndarray
+        The current k hypotheses, and those of the lowest validation loss so far (copies).
     incomplete_reason : str or None
         Why the run stopped before its last round (too few devices), if it did.
     history, clients, stopped_early, rounds_completed, last_round, best_loss, best_round
@@ -160,6 +153,7 @@ class ClusteredStrategy(RecordedStrategy):
         on_round: Callable[[RoundRecord], None] | None = None,
         on_stop: Callable[[str], None] | None = None,
         keep_released: bool = False,
+        server_update: ServerUpdate | None = None,
     ) -> None:
         self._shapes, self._flat = stack_hypotheses(initial_hypotheses)
         k = self.num_hypotheses
@@ -167,15 +161,12 @@ class ClusteredStrategy(RecordedStrategy):
         clients_per_round, min_replies, round_timeout = check_sampling(
             clients_per_round, min_replies, round_timeout)
         if release not in RELEASES:
-            raise ValueError(
-                f"release must be one of {', '.join(RELEASES)}; got release={release!r}"
-            )
+            raise ValueError(f"release must be one of {', '.join(RELEASES)}; got "
+                             f"release={release!r}")
         check_sign_single_model(release, k)  # release "sign" is the sign mechanism's
         if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
-            raise ValueError(
-                "server_learning_rate must be positive and finite, "
-                f"got server_learning_rate={server_learning_rate!r}"
-            )
+            raise ValueError("server_learning_rate must be positive and finite, "
+                             f"got server_learning_rate={server_learning_rate!r}")
         eval_every = check_int("eval_every", eval_every, minimum=1)
         patience = check_int("patience", patience, minimum=0)
         fit_config = dict(fit_config or {})
@@ -193,6 +184,8 @@ class ClusteredStrategy(RecordedStrategy):
         self.cluster_aggregator = check_cluster_aggregator(cluster_aggregator)
         self.server_learning_rate = float(server_learning_rate)
         self.keep_released = keep_released
+        self.server_update = server_update or ServerUpdate()
+        self._reseeded: dict[int, int] = {}  # hypothesis -> round of its last re-seeding
         self._fit_config: dict[str, Scalar] = fit_config
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
@@ -210,11 +203,9 @@ class ClusteredStrategy(RecordedStrategy):
         self._forming = True  # the first configure_fit of this process: devices still joining
 
     def __repr__(self) -> str:
-        return (
-            f"ClusteredStrategy(num_hypotheses={self.num_hypotheses}, "
-            f"clients_per_round={self.clients_per_round}, release={self.release!r}, "
-            f"aggregation={self.aggregation!r})"
-        )
+        return (f"ClusteredStrategy(num_hypotheses={self.num_hypotheses}, "
+                f"clients_per_round={self.clients_per_round}, release={self.release!r}, "
+                f"aggregation={self.aggregation!r})")
 
     # ----------------------------------------------------------------- state views
 
@@ -226,14 +217,12 @@ class ClusteredStrategy(RecordedStrategy):
     @property
     def hypotheses(self) -> list[list[np.ndarray]]:
         """The current k hypotheses, k lists of L float32 arrays (a fresh copy)."""
-        return [[layer.copy() for layer in layers]
-                for layers in split_layers(self._flat, self._shapes)]
+        return [[a.copy() for a in layers] for layers in split_layers(self._flat, self._shapes)]
 
     @property
     def best_hypotheses(self) -> list[list[np.ndarray]]:
         """The hypotheses that reached ``best_loss`` (a fresh copy)."""
-        return [[layer.copy() for layer in layers]
-                for layers in split_layers(self._best_flat, self._shapes)]
+        return [[a.copy() for a in h] for h in split_layers(self._best_flat, self._shapes)]
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -303,15 +292,15 @@ class ClusteredStrategy(RecordedStrategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         """Screen the replies, cluster them and return the new hypotheses.
 
-        Returns ``None`` as parameters (Flower then keeps the current ones) when fewer than
-        ``min_replies`` replies are usable. The metrics hold ``replies``, ``declined``,
-        ``dropped``, ``failures``, ``missing`` and ``cluster-size-j`` for each hypothesis j.
+        ``None`` as parameters (Flower keeps the current ones) with fewer than ``min_replies``
+        usable replies. Metrics: ``replies``, ``declined``, ``dropped``, ``failures``,
+        ``missing`` and ``cluster-size-j`` for each hypothesis j.
         """
         t = self._round(server_round)
         k = self.num_hypotheses
         sampled = self._sampled[1] if self._sampled[0] == t else []
-        connected = (set(self._client_manager.all()) if self._client_manager is not None
-                     else None)
+        manager = self._client_manager
+        connected = set(manager.all()) if manager is not None else None
         intake = self._screen.screen(t, results, failures, sampled=sampled, connected=connected,
                                      hypotheses=self._flat, record=self._client)
         released, sigmas = intake.released, intake.sigmas
@@ -332,9 +321,11 @@ class ClusteredStrategy(RecordedStrategy):
             new_flat = sign_step(self._flat, released, sigmas, self.aggregation, self._rng,
                                  self.server_learning_rate)
         else:
-            labels, new_flat = cluster_and_aggregate(
+            labels, means = cluster_and_aggregate(
                 released, sigmas, self._flat, aggregation=self.aggregation,
                 cluster_aggregator=self.cluster_aggregator, rng=self._rng)
+            new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
+                                                   self.history, t, self._reseeded)
         if kept is None and not np.isfinite(new_flat).all():
             # Unreachable with screened replies (see strategies.norms); a last guard that the
             # hypotheses never hold a NaN or an inf.

@@ -189,17 +189,9 @@ def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", roun
                        honest_dropped, rogue_dropped)
 
 
-def wilson(successes: int, n: int) -> tuple[float, float]:
-    """The Wilson 95 % interval of a proportion."""
-    from scipy.stats import binomtest
-
-    interval = binomtest(successes, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return float(interval.low), float(interval.high)
-
-
 def table(results: dict[str, dict[str, dict[str, Any]]], rounds: int) -> list[str]:
     """The markdown lines of docs/RESULTS.md from ``results[aggregator][rogues][seed]``."""
-    from experiments.tables import paired_difference, verdict
+    from experiments.tables import paired_difference, verdict, wilson
 
     lines = [
         "| cluster-aggregator | rogues | success (last) | Wilson 95 % | success (delivered) | "

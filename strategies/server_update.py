@@ -1,0 +1,270 @@
+"""How the hypotheses move towards their clusters' means, and the re-seeding of a lost hypothesis.
+
+Both are post-processing of the releases (and of the server's own validation): they read the
+released vectors, this round's clustering and the strategy's records, send nothing to a device
+and charge nothing, so no choice here can weaken any device's privacy.
+
+The step (``server-update``), with ``c_j`` the mean of cluster j's releases this round and
+``h_j`` hypothesis j:
+
+``mean``
+    the papers' Algorithm 1: ``h_j ← c_j``.
+``step``
+    a damped step ``h_j ← h_j + η (c_j − h_j)`` with ``η = server-step``.
+``anneal``
+    the full step (``η = 1``, the papers' update) until the server's validation loss has not
+    improved for ``anneal-after`` consecutive validations; from that round ``s`` on,
+    ``η_t = 1 / (1 + (t − s) / anneal-rounds)``. While the hypotheses travel towards their
+    groups the loss keeps improving and the full step keeps them fast; once they only move
+    around their optima the release noise dominates each step, and the decreasing step
+    (Robbins-Monro: Σ η_t = ∞, Σ η_t² < ∞) averages it over more and more rounds. Without a
+    validation (no ``evaluate_fn``) it stays the papers' update.
+
+Why a plain mean random-walks: under the neighbourhood calibration a release carries noise of
+expected norm ν‖δ‖, so a cluster mean of m releases moves its hypothesis by its update δ plus
+noise of root-mean-square ν‖δ‖·√(1.5/m) (Gamma(2) radius, n = 2): at ν = 5 and m = 4, three
+times the update itself. A step η scales that noise by η and the pull towards the optimum by
+about η too, so near the optimum (where the noise is the larger part) a smaller step leaves a
+smaller orbit, while far from it the step mostly costs speed.
+
+Re-seeding (``reseed-after`` = R > 0): a hypothesis whose cluster held no release in each of
+the last R rounds that changed the hypotheses is *dead* (no release lands near it: the
+hypotheses have collapsed onto fewer groups than k). It is re-seeded by splitting the largest
+cluster of this round: its hypothesis ``h`` and the dead one become ``h ∓ s·v``, with ``v`` the
+principal axis of that cluster's releases and ``s`` their standard deviation along it. A
+device of either group then picks the half on its own side. A hypothesis re-seeded gets R
+rounds before it can be again (with k larger than the number of groups, a surplus hypothesis
+is re-seeded every R rounds or so, and takes part of a group's devices).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from settings import SERVER_UPDATES, SETTINGS  # declared once, with the settings
+from strategies.records import RoundRecord
+
+__all__ = ["SERVER_UPDATES", "ServerUpdate", "anneal_start", "dead_hypotheses", "reseed",
+           "split_cluster", "step_towards"]
+
+_LOG = logging.getLogger(__name__)
+
+# SERVER_UPDATES, the rules' names, is declared once with the setting (settings.declarations).
+
+
+@dataclass(frozen=True)
+class ServerUpdate:
+    """The federation's choice of server update (see the module notes).
+
+    Attributes
+    ----------
+    rule : str
+        One of :data:`SERVER_UPDATES`.
+    step : float
+        η of ``step``, in (0, 1].
+    anneal_after : int
+        ``anneal``: validations without a new best loss before the step starts to decrease.
+    anneal_rounds : float
+        ``anneal``: τ, the rounds after which the step has halved (> 0).
+    reseed_after : int
+        Rounds without a release before a hypothesis is re-seeded (0 = never).
+
+    Raises
+    ------
+    ValueError
+        For a value out of range, naming the setting and the value.
+    """
+
+    rule: str = SETTINGS["server-update"].default
+    step: float = SETTINGS["server-step"].default
+    anneal_after: int = SETTINGS["anneal-after"].default
+    anneal_rounds: float = SETTINGS["anneal-rounds"].default
+    reseed_after: int = SETTINGS["reseed-after"].default
+
+    def __post_init__(self) -> None:
+        if self.rule not in SERVER_UPDATES:
+            raise ValueError(f"server-update must be one of {', '.join(SERVER_UPDATES)}; got "
+                             f"server-update={self.rule!r}")
+        if not (math.isfinite(self.step) and 0 < self.step <= 1):
+            raise ValueError(f"server-step must be in (0, 1], got server-step={self.step!r}")
+        if not (math.isfinite(self.anneal_rounds) and self.anneal_rounds > 0):
+            raise ValueError(f"anneal-rounds must be positive, got anneal-rounds="
+                             f"{self.anneal_rounds!r}")
+        for name, value, least in (("anneal-after", self.anneal_after, 1),
+                                   ("reseed-after", self.reseed_after, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{name} must be an integer >= {least}, got {name}={value!r}")
+
+    def eta(self, round: int, losses: Sequence[tuple[int, float | None]]) -> float:
+        """Return the step of ``round`` from the ``(round, validation loss)`` before it."""
+        if self.rule == "mean":
+            return 1.0
+        if self.rule == "step":
+            return self.step
+        start = anneal_start(losses, self.anneal_after)
+        return 1.0 if start is None else 1.0 / (1.0 + (round - start) / self.anneal_rounds)
+
+    def apply(self, hypotheses: np.ndarray, means: np.ndarray, released: np.ndarray,
+              labels: np.ndarray, history: Sequence[RoundRecord], round: int,
+              reseeded: dict[int, int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        """Return this round's new hypotheses and the splits made (``(live, dead)`` pairs).
+
+        Parameters
+        ----------
+        hypotheses, means : np.ndarray
+            (k, n) float32: the current hypotheses and this round's cluster means.
+        released, labels : np.ndarray
+            This round's releases (m, n) and the cluster of each (m,).
+        history : sequence of RoundRecord
+            The strategy's records of the rounds before this one.
+        round : int
+            This round.
+        reseeded : dict of int to int
+            The round each hypothesis was last re-seeded in; updated in place. The rounds up to
+            a re-seeding count neither towards the hypothesis being dead again nor towards the
+            annealing (after a split the hypotheses travel again with the full step).
+        """
+        last_split = max(reseeded.values(), default=0)
+        losses = [(r.round, r.val_loss) for r in history if r.round >= last_split]
+        new = step_towards(hypotheses, means, self.eta(round, losses))
+        if self.reseed_after == 0:
+            return new, []
+        k = hypotheses.shape[0]
+        rounds = [(r.round, r.cluster_sizes) for r in history if r.round > 0 and r.kept is None]
+        rounds.append((round, np.bincount(labels, minlength=k).tolist()))
+        dead = dead_hypotheses(rounds, self.reseed_after, reseeded)
+        if not dead:
+            return new, []
+        new, splits = reseed(new, released, labels, dead)
+        for live, gone in splits:
+            reseeded[live] = reseeded[gone] = round
+            _LOG.info("round %d: hypothesis %d drew no release for %d rounds; re-seeded by "
+                      "splitting hypothesis %d's cluster", round, gone, self.reseed_after, live)
+        return new, splits
+
+
+def anneal_start(losses: Sequence[tuple[int, float | None]], patience: int) -> int | None:
+    """Return the round of the ``patience``-th validation in a row without a new best loss.
+
+    Parameters
+    ----------
+    losses : sequence of (int, float or None)
+        ``(round, validation loss)`` in order; ``None``: not validated that round.
+    patience : int
+        Validations without a new best loss that start the annealing.
+
+    Returns
+    -------
+    int or None
+        That round, or ``None`` if it has not come.
+    """
+    best, stale = math.inf, 0
+    for t, loss in losses:
+        if loss is None:
+            continue
+        if loss < best:
+            best, stale = loss, 0
+            continue
+        stale += 1
+        if stale >= patience:
+            return t
+    return None
+
+
+def step_towards(hypotheses: np.ndarray, means: np.ndarray, eta: float) -> np.ndarray:
+    """Return ``h + η (c − h)`` row by row, in float32 (``η = 1``: the means themselves).
+
+    An empty cluster's mean is its hypothesis (:func:`strategies.aggregation.cluster_means`),
+    so it stays where it is.
+    """
+    if eta == 1.0:
+        return means
+    return (hypotheses + np.float32(eta) * (means - hypotheses)).astype(np.float32)
+
+
+def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
+                    reseeded: dict[int, int] | None = None) -> list[int]:
+    """Return the hypotheses whose cluster was empty in each of the last ``after`` rounds.
+
+    Parameters
+    ----------
+    rounds : sequence of (int, sequence of int)
+        ``(round, cluster sizes)`` of the rounds that changed the hypotheses, oldest first.
+    after : int
+        How many rounds make a hypothesis dead (0: none ever is).
+    reseeded : dict of int to int, optional
+        The round each hypothesis was last re-seeded in: only later rounds count for it.
+    """
+    if after <= 0:
+        return []
+    reseeded = reseeded or {}
+    k = len(rounds[-1][1]) if rounds else 0
+    dead = []
+    for j in range(k):
+        since = reseeded.get(j, 0)
+        recent = [sizes[j] for t, sizes in rounds if t > since][-after:]
+        if len(recent) == after and not any(recent):
+            dead.append(j)
+    return dead
+
+
+def split_cluster(released: np.ndarray, centre: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return two new centres ``centre ∓ s·v`` from a cluster's releases (at least two).
+
+    ``v`` is the unit principal axis of the releases (their largest-variance direction) and
+    ``s`` the standard deviation of the releases along it; the sign of ``v`` is fixed so that its
+    largest-magnitude coordinate is positive (the result does not depend on the SVD's sign).
+
+    Returns
+    -------
+    tuple of np.ndarray
+        ``(centre - s·v, centre + s·v)``, float32.
+    """
+    x = np.asarray(released, dtype=np.float64)
+    centred = x - x.mean(axis=0)
+    _, singular, vt = np.linalg.svd(centred, full_matrices=False)
+    v = vt[0]
+    if v[np.argmax(np.abs(v))] < 0:
+        v = -v
+    s = singular[0] / math.sqrt(x.shape[0] - 1)
+    c = np.asarray(centre, dtype=np.float64)
+    return (c - s * v).astype(np.float32), (c + s * v).astype(np.float32)
+
+
+def reseed(hypotheses: np.ndarray, released: np.ndarray, labels: np.ndarray,
+           dead: Sequence[int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+    """Re-seed each dead hypothesis by splitting the largest cluster of this round.
+
+    Parameters
+    ----------
+    hypotheses : np.ndarray
+        (k, n) float32: the hypotheses after this round's step.
+    released, labels : np.ndarray
+        This round's releases (m, n) and their clusters (m,).
+    dead : sequence of int
+        The dead hypotheses (:func:`dead_hypotheses`).
+
+    Returns
+    -------
+    new : np.ndarray
+        (k, n) float32, a new matrix.
+    splits : list of (int, int)
+        ``(live, dead)`` for each split made: a cluster with fewer than two releases is not
+        split, and each cluster is split at most once a round.
+    """
+    new = hypotheses.copy()
+    sizes = np.bincount(labels, minlength=hypotheses.shape[0])
+    splits: list[tuple[int, int]] = []
+    for j in dead:
+        live = int(np.argmax(sizes))
+        if sizes[live] < 2:
+            break
+        new[live], new[j] = split_cluster(released[labels == live], hypotheses[live])
+        sizes[live] = 0  # not split twice in one round
+        splits.append((live, j))
+    return new, splits

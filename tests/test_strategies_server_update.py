@@ -1,0 +1,191 @@
+"""The server update (strategies.server_update): steps, annealing, dead hypotheses, re-seeding.
+
+Expected values are computed by hand in the comments. The last tests drive the update inside
+ClusteredStrategy with hand-built replies (the fakes of test_strategies_clustered).
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from server.quickstart import QUICKSTART_RUN_CONFIG, quickstart_run_config
+from server.settings import RunSettings
+from settings import SettingError, federation_defaults
+from strategies.records import RoundRecord
+from strategies.server_update import (
+    ServerUpdate,
+    anneal_start,
+    dead_hypotheses,
+    reseed,
+    split_cluster,
+    step_towards,
+)
+from tests.test_strategies_clustered import hyp, make, one_layer, reply, results_of
+
+F32 = np.float32
+
+
+def record(t: int, loss: float | None, sizes: list[int]) -> RoundRecord:
+    return RoundRecord(round=t, val_loss=loss, val_metrics={}, cluster_sizes=sizes,
+                       replies=sum(sizes), declined=0, dropped=[], failures=0)
+
+
+# ---------------------------------------------------------------------------- the steps
+
+
+def test_step_towards_moves_each_hypothesis_eta_of_the_way() -> None:
+    # h0 = (0, 0), mean (2, 4), η = 0.25 → (0.5, 1); h1 = its own mean (empty cluster) stays.
+    h = np.array([[0, 0], [10, 10]], F32)
+    means = np.array([[2, 4], [10, 10]], F32)
+
+    new = step_towards(h, means, 0.25)
+
+    np.testing.assert_array_equal(new, [[0.5, 1.0], [10, 10]])
+    assert new.dtype == F32
+    assert step_towards(h, means, 1.0) is means  # the papers' update: the means themselves
+
+
+def test_anneal_starts_at_the_patience_th_validation_without_a_new_best() -> None:
+    # Best 4 at round 1; round 2 (4.5) and round 3 (4.2) are no better: the 2nd is round 3.
+    # Unvalidated rounds (None) do not count.
+    losses = [(0, 5.0), (1, 4.0), (2, 4.5), (3, None), (4, 4.2), (5, 3.0)]
+
+    assert anneal_start(losses, patience=2) == 4
+    assert anneal_start(losses, patience=3) is None
+    assert anneal_start([], patience=1) is None
+
+
+def test_eta_of_each_rule() -> None:
+    losses = [(0, 5.0), (1, 4.0), (2, 4.5), (3, 4.2)]  # anneal-after 2: starts at round 3
+    assert ServerUpdate("mean").eta(9, losses) == 1.0
+    assert ServerUpdate("step", step=0.3).eta(9, losses) == 0.3
+    anneal = ServerUpdate("anneal", anneal_after=2, anneal_rounds=4.0)
+    # Round 4: 1 / (1 + (4 - 3) / 4) = 0.8; round 7: 1 / (1 + 4/4) = 0.5.
+    assert anneal.eta(4, losses) == pytest.approx(0.8)
+    assert anneal.eta(7, losses) == pytest.approx(0.5)
+    # Before a stall: the full step.
+    assert anneal.eta(3, losses[:3]) == 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"rule": "median"}, "server-update"),
+    ({"step": 0.0}, "server-step"),
+    ({"step": 1.5}, "server-step"),
+    ({"anneal_rounds": 0.0}, "anneal-rounds"),
+    ({"anneal_after": 0}, "anneal-after"),
+    ({"reseed_after": -1}, "reseed-after"),
+])
+def test_a_bad_value_names_its_setting(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        ServerUpdate(**kwargs)
+
+
+def test_run_settings_build_the_update_from_the_run_config() -> None:
+    v = {**federation_defaults(), "server-update": "anneal", "anneal-after": 4,
+         "anneal-rounds": 10.0, "reseed-after": 2}
+    assert RunSettings.from_run_config(v).server_update == ServerUpdate("anneal", 0.5, 4, 10.0, 2)
+    # The app's defaults are the papers' update, without re-seeding.
+    assert RunSettings.from_run_config(federation_defaults()).server_update == ServerUpdate()
+    with pytest.raises(SettingError, match="server-update"):
+        RunSettings.from_run_config({**federation_defaults(), "server-update": "median"})
+
+
+def test_the_quickstart_anneals_reseeds_and_runs_longer_below_16_supernodes() -> None:
+    assert QUICKSTART_RUN_CONFIG["server-update"] == "anneal"
+    assert QUICKSTART_RUN_CONFIG["reseed-after"] == 3
+    assert quickstart_run_config(20, {})["num-rounds"] == 60
+    assert quickstart_run_config(8, {})["num-rounds"] == 100
+    assert quickstart_run_config(8, {"num-rounds": 7})["num-rounds"] == 7
+
+
+# ---------------------------------------------------------------------------- the guard
+
+
+def test_dead_hypotheses_are_empty_in_each_of_the_last_rounds() -> None:
+    rounds = [(1, [1, 2]), (2, [3, 0]), (3, [2, 0]), (4, [4, 0])]
+
+    assert dead_hypotheses(rounds, 3) == [1]
+    assert dead_hypotheses(rounds, 4) == []  # round 1 gave hypothesis 1 two releases
+    assert dead_hypotheses(rounds, 0) == []  # never
+    # Re-seeded in round 3: only round 4 counts for it.
+    assert dead_hypotheses(rounds, 2, {1: 3}) == []
+    assert dead_hypotheses(rounds, 1, {1: 3}) == [1]
+
+
+def test_split_cluster_goes_one_standard_deviation_along_the_principal_axis() -> None:
+    # x = 0, 2, 4, 6 (y = 0): mean 3, sample variance (9 + 1 + 1 + 9) / 3 = 20/3, s = 2.5820;
+    # the principal axis is (1, 0). Centre (3, 1) → (0.4180, 1) and (5.5820, 1).
+    released = np.array([[0, 0], [2, 0], [4, 0], [6, 0]], F32)
+    s = math.sqrt(20 / 3)
+
+    low, high = split_cluster(released, np.array([3, 1], F32))
+
+    np.testing.assert_allclose(low, [3 - s, 1], rtol=1e-6)
+    np.testing.assert_allclose(high, [3 + s, 1], rtol=1e-6)
+    # The axis's sign does not depend on the SVD: reversed releases give the same split.
+    np.testing.assert_allclose(split_cluster(released[::-1], np.array([3, 1], F32))[0], low)
+
+
+def test_reseed_splits_the_largest_cluster_and_needs_two_releases() -> None:
+    # Hypothesis 1 is dead; cluster 0 holds the 4 releases of the test above.
+    h = np.array([[3, 1], [50, 50]], F32)
+    released = np.array([[0, 0], [2, 0], [4, 0], [6, 0]], F32)
+    labels = np.zeros(4, dtype=np.intp)
+
+    new, splits = reseed(h, released, labels, [1])
+
+    s = math.sqrt(20 / 3)
+    assert splits == [(0, 1)]
+    np.testing.assert_allclose(new, [[3 - s, 1], [3 + s, 1]], rtol=1e-6)
+    # One release: nothing to split.
+    same, none = reseed(h, released[:1], labels[:1], [1])
+    assert none == [] and np.array_equal(same, h)
+
+
+def test_the_strategy_reseeds_a_hypothesis_no_release_reaches() -> None:
+    # Both groups' releases land nearest hypothesis 0 = (0, 0); hypothesis 1 = (100, 100) draws
+    # none. Round 1: cluster 0 mean (3, 0) → h0 = (3, 0) (papers' update). Round 2: the same
+    # releases, hypothesis 1 empty for the 2nd round → split around the new h0 = (3, 0):
+    # (3 ∓ 2.5820, 0).
+    strategy = make(hyp([0, 0], [100, 100]), clients_per_round=4,
+                    server_update=ServerUpdate("mean", reseed_after=2))
+    replies = [reply(v) for v in ([0, 0], [2, 0], [4, 0], [6, 0])]
+
+    strategy.aggregate_fit(1, results_of(replies), [])
+    strategy.evaluate(1, None)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(one_layer(strategy), [[3, 0], [100, 100]])
+    strategy.aggregate_fit(2, results_of(replies), [])
+
+    s = math.sqrt(20 / 3)
+    np.testing.assert_allclose(one_layer(strategy), [[3 - s, 0], [3 + s, 0]], rtol=1e-6)
+
+
+def test_the_strategy_anneals_once_the_validation_stalls() -> None:
+    # Validation loss 5, 4, 4.5, 4.5: anneal-after 2 starts at round 3; round 4's step is
+    # 1 / (1 + (4 - 3) / 1) = 0.5: h = (0, 0), mean (2, 2) → (1, 1).
+    losses = iter([5.0, 4.0, 4.5, 4.5, 4.5])
+    strategy = make(hyp([0, 0]), clients_per_round=1, evaluate_fn=lambda h: {"loss": next(losses)},
+                    server_update=ServerUpdate("anneal", anneal_after=2, anneal_rounds=1.0))
+    strategy.evaluate(0, None)  # type: ignore[arg-type]
+    for t in (1, 2, 3):
+        strategy.aggregate_fit(t, results_of([reply([0, 0])]), [])
+        strategy.evaluate(t, None)  # type: ignore[arg-type]
+
+    strategy.aggregate_fit(4, results_of([reply([2, 2])]), [])
+
+    np.testing.assert_array_equal(one_layer(strategy), [[1, 1]])
+
+
+def test_the_server_app_gives_the_strategy_the_run_configs_update(tmp_path) -> None:
+    from server.app import build_components
+
+    config = {**federation_defaults(), "out-dir": str(tmp_path), "server-update": "anneal",
+              "reseed-after": 3}
+    components, _ = build_components(config)
+
+    strategy = components.server.strategy
+    assert strategy.server_update == ServerUpdate("anneal", reseed_after=3)  # type: ignore
+    # The app's defaults: the papers' update.
+    components, _ = build_components({**federation_defaults(), "out-dir": str(tmp_path / "b")})
+    assert components.server.strategy.server_update == ServerUpdate()  # type: ignore
