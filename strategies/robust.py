@@ -119,21 +119,10 @@ def robust_cluster_aggregates(
 ) -> np.ndarray:
     """Each cluster's robust aggregate; an empty cluster keeps its hypothesis.
 
-    Parameters
-    ----------
-    released : np.ndarray
-        (m, n) float32: one release per row.
-    labels : np.ndarray
-        (m,) integers in [0, k): the cluster of each release.
-    hypotheses : np.ndarray
-        (k, n) float32: the current hypotheses.
-    method : str
-        ``median``, ``trimmed-mean`` or ``krum`` (see the module notes).
-
-    Returns
-    -------
-    np.ndarray
-        (k, n) float32, a new matrix.
+    ``released``, ``labels`` and ``hypotheses`` are as in
+    :func:`strategies.aggregation.cluster_means`; ``method`` is ``median``, ``trimmed-mean``
+    or ``krum`` (see the module notes); ``radius`` bounds each release's offset from its
+    hypothesis (``clipped-mean``). Returns a new (k, n) float32 matrix.
 
     Raises
     ------
