@@ -141,7 +141,10 @@ class GpflClient(NumPyClient):
         *, run_id: int | None = None,
     ) -> None:
         self._task_source = task
-        self._task: Task | None = task if isinstance(task, Task) else None
+        # A factory is a plain callable; anything else is the task itself (a Task, or an object
+        # with the Task interface, e.g. an experiment's wrapper).
+        factory = callable(task) and not isinstance(task, Task)
+        self._task: Task | None = None if factory else task  # type: ignore[assignment]
         self.run_config = run_config
         self.policy = policy
         self.run_id = run_id

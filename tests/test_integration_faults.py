@@ -93,8 +93,8 @@ def test_a_hung_supernode_costs_one_deadline_and_the_run_goes_on(
     assert timeout - 3 <= events["round_s"] <= timeout + 15
     per_client = summary["privacy"]["per_client"]
     assert per_client["client-1"]["missing"] == 1
-    if missed[0]["round"] == 2:  # thawed in time to answer round 3
-        assert summary["history"][3]["replies"] == 2
+    if missed[0]["round"] == 2:  # a device that missed a round sits out the next (back-off)
+        assert summary["history"][3]["replies"] == 1
     # Assert: reported spend is what each ledger holds (a release charged while frozen and
     # refused as late is in the next report, which carries the ledger's total).
     for name in ("client-0", "client-1"):
