@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 
 import psutil
 import pytest
+
+from mechanisms import PrivacyLedger
 
 
 @pytest.fixture
@@ -33,6 +36,16 @@ def flower_processes() -> list[str]:
             continue
         if any(n in cmd for n in names):
             out.append(f"{p.pid} {cmd[:80]}")
+    return out
+
+
+def ledger_spend(folder: Path, names: Iterable[str]) -> dict[str, tuple[int, float]]:
+    """Releases and d-privacy spend in each named device's ledger under ``folder``."""
+    out = {}
+    for name in names:
+        path = folder / f"{name}.json"
+        s = PrivacyLedger(path, delta=1e-5).spent() if path.exists() else None
+        out[name] = (s.releases, s.d_privacy) if s else (0, 0.0)
     return out
 
 

@@ -25,10 +25,9 @@ import numpy as np
 import psutil
 import pytest
 
-from mechanisms import PrivacyLedger
 from server.launcher import Federation, free_port, project_root, stream_lines
 from server.processes import bin_dir, child_env
-from tests.conftest import flower_processes
+from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
 
@@ -94,12 +93,7 @@ def run_app(fed: Federation, app: Path, name: str, **config: Any) -> tuple[dict[
 
 def spent(fed: Federation) -> dict[str, tuple[int, float]]:
     """Releases and d-privacy spend in each device's ledger."""
-    out = {}
-    for name in NAMES:
-        path = fed.workdir / "ledgers" / f"{name}.json"
-        s = PrivacyLedger(path, delta=1e-5).spent() if path.exists() else None
-        out[name] = (s.releases, s.d_privacy) if s else (0, 0.0)
-    return out
+    return ledger_spend(fed.workdir / "ledgers", NAMES)
 
 
 def device_logs(fed: Federation) -> str:

@@ -19,9 +19,8 @@ import psutil
 import pytest
 
 from experiments.tabular_seeds import POLICY, RUN, device_nodes, held_out_accuracy, write_files
-from mechanisms import PrivacyLedger
 from server.launcher import Federation, project_root, stream_lines
-from tests.conftest import flower_processes
+from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
 
@@ -90,12 +89,7 @@ def run(fed: Federation, name: str, config: dict[str, Any]) -> dict[str, Any]:
 
 def spent(fed: Federation) -> dict[str, tuple[int, float]]:
     """Releases and d-privacy spend in each device's ledger."""
-    out = {}
-    for name in NAMES:
-        path = fed.workdir / "ledgers" / f"{name}.json"
-        s = PrivacyLedger(path, delta=1e-5).spent() if path.exists() else None
-        out[name] = (s.releases, s.d_privacy) if s else (0, 0.0)
-    return out
+    return ledger_spend(fed.workdir / "ledgers", NAMES)
 
 
 def test_tabular_learns_over_real_processes(federation: tuple[Federation, dict]) -> None:
