@@ -28,6 +28,9 @@ def test_fairness_personalization_closes_the_opportunity_gap(root: Path) -> None
     odds2 = _cell(synthetic, "equalized_odds_difference", nu=1.0, k=2)
     # 004 Fig. 2.7: the personalized model is fairer. One model mislabels the minority (its
     # labels follow the opposite rule): gaps ~0.3-0.4; two models serve both groups: < 0.1.
+    # The device sample differs between runs, so this is one draw of a random outcome: at the
+    # smoke profile's 60 rounds k = 2's gap was 0.005-0.08 in 4 runs and k = 1's 0.29-0.35
+    # (`fairness.PROFILES` says why 20 rounds were too few: 0.01-0.40).
     assert eo2 < eo1 - 0.1 and odds2 < odds1 - 0.1, (eo1, eo2, odds1, odds2)
     # 004 Fig. 2.8 on 8×8 digits, parity labels flipped for the rotated 20 %, without noise:
     # one model must serve two opposite labelling rules, so two models beat one. In our quick
