@@ -253,8 +253,9 @@ def launch(
         tls_files = make_local_tls(out / "certs")
         if auth:
             keys = make_supernode_keys(out / "certs" / "supernodes", supernodes)
-    # Flower's persistent state, one file per run directory (a resumed launch keeps it): a
-    # SuperLink that dies mid-run is started again on it and the run goes on (see _run).
+    # Flower's persistent state in the run directory (a resumed launch starts a fresh one and
+    # keeps the earlier aside): a SuperLink that dies mid-run is started again on it and the
+    # run goes on (see _run). The Simulation Engine's SuperLink runs its clients itself.
     fed = Federation(workdir=out, tls=tls_files,
                      database=None if simulation else fresh_database(out))
     fed.extra_env.update(cluster_env)
