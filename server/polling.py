@@ -124,6 +124,7 @@ class PollingGrid(Grid):
 
     def _poll(self) -> None:
         """Pull every reply awaited, every ``interval`` seconds, while any is awaited."""
+        failing = False
         while True:
             with self._lock:
                 ids = list(self._waiting)
@@ -132,8 +133,12 @@ class PollingGrid(Grid):
                     return
             try:
                 replies = list(self.grid.pull_messages(ids))
-            except Exception:  # a SuperLink restarting: the next pull tries again
-                logger.warning("pulling replies failed; retrying", exc_info=True)
+                failing = False
+            except Exception as err:  # a SuperLink restarting: the next pull tries again
+                if not failing:  # once per outage, not every 0.1 s
+                    logger.warning("pulling replies failed (%s); retrying every %g s", err,
+                                   self.interval)
+                failing = True
                 replies = []
             with self._lock:
                 for reply in replies:
