@@ -12,7 +12,9 @@ after the other and interleaved (FedAvg, gpfl, FedAvg, gpfl, ...), ``--repeats``
 
 Both sample ``--per-round`` users a round. Each run's time per round is read from Flower's own
 closing line ("Run finished R round(s) in T s"), so Ray's start is excluded. Prints a Markdown
-table: mean and range over the repeats, and the ratio of the means.
+table: mean and range over the repeats, the ratio of the means, and the peak resident memory of
+the whole process tree during each app's runs (this process, the SuperLink, the ServerApp, Ray
+and its actors; sampled every 0.5 s, :class:`experiments.scale.MemoryMonitor`).
 
 Ray starts its workers (the Ray actors that run the ClientApps) 15 niceness levels below their
 parent by default; the benchmark asks for none (``RAY_worker_niceness=0``, for both apps), so
@@ -42,6 +44,7 @@ from pathlib import Path
 import psutil
 
 from experiments.bench_round import timed_run
+from experiments.scale import MemoryMonitor
 from server.launcher import Federation, project_root
 from server.processes import bin_dir
 
@@ -151,6 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     # The virtual devices' own settings: ledgers in the work folder, a cap no run reaches.
     policy.write_text(f'ledger-dir = "{work / "ledgers"}"\ncap-d-privacy = 1e9\n')
     runs: dict[str, list[float]] = {"fedavg": [], "gpfl": []}
+    peaks: dict[str, int] = {"fedavg": 0, "gpfl": 0}
     with Federation(workdir=work) as fed, contextlib.ExitStack() as stack:
         fed.extra_env["GPFL_POLICY"] = str(policy)
         fed.extra_env["RAY_worker_niceness"] = "0"
@@ -160,29 +164,33 @@ def main(argv: list[str] | None = None) -> None:
         for rep in range(args.repeats):
             if profiler is not None:
                 profiler.label = f"fedavg-{rep}"
-            runs["fedavg"].append(timed_run(
-                fed, root / "experiments" / "fedavg_baseline",
-                {"num-rounds": args.rounds, "clients-per-round": args.per_round},
-                work / f"fedavg-{rep}.log"))
+            with MemoryMonitor() as memory:
+                runs["fedavg"].append(timed_run(
+                    fed, root / "experiments" / "fedavg_baseline",
+                    {"num-rounds": args.rounds, "clients-per-round": args.per_round},
+                    work / f"fedavg-{rep}.log"))
+            peaks["fedavg"] = max(peaks["fedavg"], memory.peak)
             if profiler is not None:
                 profiler.label = f"gpfl-{rep}"
-            runs["gpfl"].append(timed_run(
-                fed, root,
-                {"num-rounds": args.rounds, "clients-per-round": args.per_round,
-                 "num-hypotheses": 2, "mechanism": "laplace", "noise-multiplier": 5.0,
-                 "local-epochs": 1, "patience": 0, "out-dir": str(work / f"gpfl-{rep}")},
-                work / f"gpfl-{rep}.log"))
+            with MemoryMonitor() as memory:
+                runs["gpfl"].append(timed_run(
+                    fed, root,
+                    {"num-rounds": args.rounds, "clients-per-round": args.per_round,
+                     "num-hypotheses": 2, "mechanism": "laplace", "noise-multiplier": 5.0,
+                     "local-epochs": 1, "patience": 0, "out-dir": str(work / f"gpfl-{rep}")},
+                    work / f"gpfl-{rep}.log"))
+            peaks["gpfl"] = max(peaks["gpfl"], memory.peak)
             print(f"repeat {rep + 1}/{args.repeats}: FedAvg {runs['fedavg'][-1]:.2f} s/round, "
                   f"gpfl {runs['gpfl'][-1]:.2f} s/round", flush=True)
     base = statistics.mean(runs["fedavg"])
     print(f"\n| run ({args.users} virtual users, {args.per_round} a round, {args.rounds} rounds, "
-          f"{args.repeats} repeats) | s / round, mean | range | ratio |")
-    print("| --- | ---: | ---: | ---: |")
+          f"{args.repeats} repeats) | s / round, mean | range | ratio | peak RSS, GB |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name, label in (("fedavg", "Flower FedAvg, NumPy client"),
                         ("gpfl", "gpfl, k = 2, Laplace ν = 5, validation every round")):
         values = runs[name]
         print(f"| {label} | {statistics.mean(values):.2f} | {min(values):.2f}-{max(values):.2f} "
-              f"| {statistics.mean(values) / base:.2f} |")
+              f"| {statistics.mean(values) / base:.2f} | {peaks[name] / 2**30:.2f} |")
     if profiler is not None:
         print(profiler.report())
     print(f"\nlogs in {work}")

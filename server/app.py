@@ -12,8 +12,8 @@ which its legacy round (``flwr.server.server.fit_round``) passes to every client
 which makes it the instruction's TTL. The SuperLink answers an instruction that is still
 unanswered at its TTL with a *Message Unavailable* error
 (``flwr.server.superlink.linkstate.utils.verify_message_ids``, checked whenever the ServerApp
-pulls replies, every 3 s), and refuses a reply that comes later
-(``InMemoryLinkState.store_message_res``). So a round ends at most ~3 s after its deadline
+pulls replies, every 0.1 s: :mod:`server.polling`), and refuses a reply that comes later
+(``InMemoryLinkState.store_message_res``). So a round ends about a second after its deadline
 with the replies that arrived.
 """
 
@@ -29,12 +29,14 @@ from typing import Any
 import numpy as np
 from flwr.common import Context, Parameters, Scalar
 from flwr.server import Server, ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.server import FitResultsAndFailures
 from flwr.serverapp import ServerApp
 from flwr.superlink.grid import InMemoryGrid
 
 from mechanisms import make_rng
 from server.checkpoint import CHECKPOINT_NAME, check_identity, read_checkpoint, run_identity
+from server.polling import PollingGrid
 from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
 from settings import parse_optima
@@ -83,7 +85,13 @@ class GpflServer(Server):
     py-spy), taken from the actors on the same cores. A reply reaches the strategy within
     Flower's two 0.1 s polls, so :data:`SIMULATION_WORKERS_PER_CPU` instructions per CPU keep
     the actors busy while the scan stays small (docs/BENCHMARKS.md).
+
+    Under the Deployment Engine each client proxy's grid is wrapped in a
+    :class:`~server.polling.PollingGrid` before the round: replies are pulled every 0.1 s instead
+    of Flower's 3 s, so a round waits for one poll (the SuperNode's), not two.
     """
+
+    _polling: PollingGrid | None = None
 
     def fit_round(
         self, server_round: int, timeout: float | None
@@ -92,7 +100,20 @@ class GpflServer(Server):
         cap = SIMULATION_WORKERS_PER_CPU * _cpus()
         if self._simulated() and (self.max_workers is None or self.max_workers > cap):
             self.set_max_workers(cap)
+        self._poll_replies_often()
         return super().fit_round(server_round, timeout)
+
+    def _poll_replies_often(self) -> None:
+        """Give every client proxy on a SuperLink's grid the one shared :class:`PollingGrid`."""
+        for proxy in self.client_manager().all().values():
+            if not isinstance(proxy, GridClientProxy):
+                continue
+            grid = proxy.grid
+            if isinstance(grid, (InMemoryGrid, PollingGrid)):
+                continue
+            if self._polling is None or self._polling.grid is not grid:
+                self._polling = PollingGrid(grid)
+            proxy.grid = self._polling  # duck-typed: Flower's proxy only calls send_and_receive
 
     def _simulated(self) -> bool:
         """Whether the clients are reached through the Simulation Engine's in-memory grid."""

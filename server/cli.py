@@ -48,7 +48,7 @@ EXIT_INCOMPLETE = 3
 EXIT_DIVERGED = 4
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
-                       "engine", "app_defaults")
+                       "engine", "app_defaults", "ray_address")
 
 
 def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,6 +84,7 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "tls": args.tls,
         "auth": args.auth,
         "simulation": args.engine == "simulation",
+        "ray_address": args.ray_address,
     }
 
 
@@ -185,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "registered with the SuperLink")
     p.add_argument("--engine", choices=("deployment", "simulation"),
                    help="real SuperNode processes (default) or Flower's Simulation Engine (Ray)")
+    p.add_argument("--ray-address", metavar="HOST:PORT",
+                   help="with --engine simulation: run the virtual nodes on the running Ray "
+                        "cluster whose head is HOST:PORT instead of a local Ray "
+                        "(docs/DEPLOY.md, 'A Ray cluster')")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an incomplete run from its checkpoint, with the federation "
                         "saved in RUN_DIR (same devices, same ledgers); --run-config may add "

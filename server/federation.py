@@ -98,11 +98,16 @@ class Federation:
     flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
     #: Environment added to every process (e.g. ``GPFL_POLICY`` for virtual nodes).
     extra_env: dict[str, str] = field(default_factory=dict)
+    _superlink_args: tuple[list[str], int] = field(default=([], 0), repr=False)
     #: SuperNodes run as devices do: ``gpfl supernode`` (the device's own gpfl client in one
     #: warm executor; runs of other apps refused). ``False``: Flower's plain ``flower-supernode``,
     #: which installs and runs the FAB of any run in a new process per message (the bench's
     #: FedAvg baseline needs it).
     device_runner: bool = True
+    #: Flower's persistent state (``flower-superlink --database``): a SQLite file holding the
+    #: SuperLink's runs, nodes and messages, so that a SuperLink restarted on it (same ports)
+    #: carries on where it stopped. ``None``: state in memory, lost with the process.
+    database: Path | None = None
 
     def __enter__(self) -> Federation:
         return self
@@ -127,26 +132,42 @@ class Federation:
         """Start the SuperLink and wait until its APIs listen.
 
         With ``simulation_supernodes > 0`` it runs Flower's Simulation Engine
-        (Ray) with that many virtual SuperNodes instead of a Fleet API.
+        (Ray) with that many virtual SuperNodes instead of a Fleet API. A SuperLink started
+        again (:meth:`restart_superlink`) keeps its ports, so SuperNodes and the ServerApp
+        reconnect to it.
         """
-        self.control_port = free_port()
+        self.control_port = self.control_port or free_port()
         log = self.logs / "superlink.log"
         argv = [
             str(bin_dir() / "flower-superlink"), *self._security_args(),
             "--disable-runtime-dependency-installation",
             "--host", "127.0.0.1", "--port", str(self.control_port),
         ]
+        if self.database is not None:
+            self.database.parent.mkdir(parents=True, exist_ok=True)
+            argv += ["--database", str(self.database)]
         if simulation_supernodes:
             argv.append("--simulation")
         else:
-            self.fleet_port = free_port()
+            self.fleet_port = self.fleet_port or free_port()
             argv += ["--fleet-api-address", f"127.0.0.1:{self.fleet_port}"]
+        self._superlink_args = (list(extra_args or []), simulation_supernodes)
         proc = self.procs.start("superlink", [*argv, *(extra_args or [])], log,
                                 env=child_env(self._env()))
         if self.fleet_port:
             wait_for_port(self.fleet_port, timeout, proc, log)
         wait_for_port(self.control_port, timeout, proc, log)
         self._write_connection(simulation_supernodes)
+
+    def restart_superlink(self, timeout: float = 60) -> None:
+        """Start the SuperLink again, on its ports and database, after it was stopped or died.
+
+        Only the SuperLink process is started: the ServerApp and the SuperNodes it served, if
+        they are still running, reconnect to it (they retry a lost connection).
+        """
+        extra_args, simulation_supernodes = self._superlink_args
+        self.procs.stop("superlink")
+        self.start_superlink(extra_args, timeout, simulation_supernodes)
 
     def _env(self) -> dict[str, str]:
         return {**self.extra_env, "FLWR_HOME": str(self.flwr_home)}
@@ -224,6 +245,25 @@ class Federation:
         if run_config:
             argv += ["--run-config", format_pairs(run_config)]
         self.logs.mkdir(parents=True, exist_ok=True)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=child_env({**self._env(), "NO_COLOR": "1", "COLUMNS": "200"}),
+            text=True, bufsize=1, start_new_session=True,
+        )
+        self.procs.procs["flwr-run"] = proc
+        self.procs.watchdog.tell()
+        return proc
+
+    def follow(self, run_id: int) -> subprocess.Popen[str]:
+        """``flwr log <run> <connection> --stream``: the run's log again, from its start.
+
+        How the launcher picks a run up after its SuperLink restarted: ``flwr run --stream``
+        ends when the connection drops, the run itself does not.
+        """
+        argv = [str(bin_dir() / "flwr"), "log", str(run_id), CONNECTION, "--stream"]
+        ended = self.procs.procs.pop("flwr-run", None)
+        if ended is not None and ended.stdout is not None:
+            ended.stdout.close()  # the stream that ended with the old SuperLink
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=child_env({**self._env(), "NO_COLOR": "1", "COLUMNS": "200"}),

@@ -9,6 +9,7 @@ so two launches can run side by side.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import tempfile
 import threading
@@ -32,9 +33,16 @@ from server.federation import (
     wait_for_port,
 )
 from server.processes import ProcessWatch
+from server.raycluster import ray_cluster_env
 from server.results import ROUND_TAG, mark_incomplete, plot_summary
 from server.rundir import FINISHED, add_ledgers, save_launch
 from server.settings import RunSettings
+from server.superlink_state import (
+    STARTED,
+    SUPERLINK_DATABASE,
+    fresh_database,
+    superlink_restartable,
+)
 from settings import SettingError, check_node_config, check_run_config
 from settings.render import toml_value
 from tasks import require_installed
@@ -42,6 +50,7 @@ from tasks import require_installed
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
 __all__ = [
     "CONNECTION",
+    "SUPERLINK_DATABASE",
     "Federation",
     "LaunchError",
     "LaunchResult",
@@ -109,6 +118,7 @@ def launch(
     tls: bool = False,
     auth: bool = False,
     simulation: bool = False,
+    ray_address: str | None = None,
     timeout: float = 3600.0,
     echo: Callable[[str], None] = print,
     on_line: Callable[[str, Federation], None] | None = None,
@@ -142,6 +152,12 @@ def launch(
     simulation : bool
         Run the same apps on Flower's Simulation Engine (Ray) with ``supernodes``
         virtual SuperNodes instead of real SuperNode processes.
+    ray_address : str, optional
+        With ``simulation``: join the running Ray cluster at this address (its head's
+        ``HOST:PORT``, as ``ray start --address`` takes it) instead of starting a local Ray
+        (default: ``$RAY_ADDRESS``, Ray's own variable, where set).
+        The virtual nodes then run on the cluster's nodes, which must have this environment
+        installed (same paths) and see the run directory (ledgers, policy) at the same path.
     timeout : float
         Seconds before the run is abandoned (everything is still stopped).
     echo : Callable[[str], None]
@@ -169,6 +185,12 @@ def launch(
         raise LaunchError(f"--supernodes must be >= 1, got {supernodes}")
     if auth and simulation:
         raise LaunchError("--auth needs real SuperNodes (the deployment engine)")
+    if simulation and ray_address is None:
+        # Ray's own variable, as `ray.init()` reads it: the experiments join a cluster this way.
+        ray_address = os.environ.get("RAY_ADDRESS") or None
+    if ray_address is not None and not simulation:
+        raise LaunchError(f"--ray-address {ray_address!r} needs --engine simulation (Ray runs "
+                          "the Simulation Engine's virtual nodes; real SuperNodes need none)")
     app_dir = (app_dir or project_root()).resolve()
     out = (out_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +213,10 @@ def launch(
             check_node_config(node, source=f"node config of SuperNode {i}")
     except SettingError as err:
         raise LaunchError(str(err)) from None
+    try:
+        cluster_env = ray_cluster_env(ray_address, out / "policy.toml") if ray_address else {}
+    except ValueError as err:
+        raise LaunchError(str(err)) from None
     if simulation and node_configs:
         raise LaunchError("--node-config needs real SuperNodes; on the Simulation Engine every "
                           "virtual node applies the launch policy (--policy)")
@@ -204,6 +230,7 @@ def launch(
     save_launch(out, {"supernodes": supernodes, "run_config": config,
                       "node_configs": node_configs, "policy": policy, "app_dir": app_dir,
                       "tls": tls, "auth": auth, "simulation": simulation,
+                      "ray_address": ray_address,
                       "node_env": node_env})
     policy_file = out / "policy.toml"
     policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()))
@@ -226,7 +253,12 @@ def launch(
         tls_files = make_local_tls(out / "certs")
         if auth:
             keys = make_supernode_keys(out / "certs" / "supernodes", supernodes)
-    fed = Federation(workdir=out, tls=tls_files)
+    # Flower's persistent state in the run directory (a resumed launch starts a fresh one and
+    # keeps the earlier aside): a SuperLink that dies mid-run is started again on it and the
+    # run goes on (see _run). The Simulation Engine's SuperLink runs its clients itself.
+    fed = Federation(workdir=out, tls=tls_files,
+                     database=None if simulation else fresh_database(out))
+    fed.extra_env.update(cluster_env)
     try:
         return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,
                     policy_file=policy_file, node_env=node_env, keys=keys, auth=auth,
@@ -269,15 +301,39 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
             fed.start_supernode(i, node, env=(node_env or {}).get(i), extra_args=(
                 ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
     proc = fed.submit(app_dir, config)
-    with ProcessWatch(fed.procs, echo) as watch:
-        for line in stream_lines(proc, fed.logs / "flwr-run.log", timeout):
-            if ROUND_TAG in line:
-                echo(line[line.index(ROUND_TAG):])
-            elif "ERROR" in line or "Traceback" in line:
-                echo(line)
-            if on_line is not None:
-                on_line(line, fed)
-    watch.check()
+    deadline = time.monotonic() + timeout
+    with ProcessWatch(fed.procs, echo, superlink_restarts=fed.database is not None) as watch:
+        run_id: int | None = None
+        seen: set[str] = set()
+        restarts = 0
+        while True:
+            # After a restart `flwr log` replays the run's log from its start: lines already
+            # seen are skipped until the first new one.
+            replay = restarts > 0
+            for line in stream_lines(proc, fed.logs / "flwr-run.log",
+                                     max(1.0, deadline - time.monotonic())):
+                started = STARTED.search(line)
+                if started and run_id is None:
+                    run_id = int(started.group(1))
+                if replay and line in seen:
+                    continue
+                replay = False
+                seen.add(line)
+                if ROUND_TAG in line:
+                    echo(line[line.index(ROUND_TAG):])
+                elif "ERROR" in line or "Traceback" in line:
+                    echo(line)
+                if on_line is not None:
+                    on_line(line, fed)
+            watch.check()
+            if not superlink_restartable(fed, run_id, restarts):
+                break
+            # The ServerApp and the SuperNodes outlive their SuperLink and reconnect to it:
+            # started again on its ports and database, it carries the run on.
+            restarts += 1
+            fed.restart_superlink()
+            assert run_id is not None
+            proc = fed.follow(run_id)
     summary_path = out / "summary.json"
     if not summary_path.exists():
         raise LaunchError(
@@ -285,7 +341,8 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
             f"{summary_path}; see {fed.logs}"
         )
     if "superlink" in watch.died:
-        reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run"
+        reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run" + (
+            f" (started again {restarts} time(s) on its database)" if restarts else "")
     else:
         reason = (f"the ServerApp ended before the run did (flwr run exit code "
                   f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")

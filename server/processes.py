@@ -120,18 +120,36 @@ class ProcessSet:
         return leftovers
 
 
+def descendant_running(command: str) -> bool:
+    """Whether a descendant of this process (orphans re-parented to it included) runs ``command``.
+
+    The launcher asks it of ``flwr-serverapp`` when the SuperLink has died: a ServerApp that
+    still runs can carry on with a SuperLink started again on its database.
+    """
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and any(
+                    Path(part).name == command for part in proc.cmdline()[:2]):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
 class ProcessWatch:
     """Watch a launch's processes while its run streams; say when one exits.
 
     A SuperNode that exits is reported once and the run goes on without it (the ServerApp's
-    round deadline and quorum decide whether it can). When the SuperLink exits the run cannot
-    go on: ``flwr run`` would keep retrying it, so it is ended at once and the launch reports
-    the run incomplete.
+    round deadline and quorum decide whether it can). When the SuperLink exits, the log stream
+    (``flwr run``) is ended at once: with ``superlink_restarts`` the launcher starts the SuperLink
+    again on its database and follows the run anew, otherwise the run cannot go on and the launch
+    reports it incomplete.
     """
 
     def __init__(self, procs: ProcessSet, echo: Callable[[str], None],
-                 interval: float = 1.0) -> None:
+                 interval: float = 1.0, superlink_restarts: bool = False) -> None:
         self.procs, self.echo, self.interval = procs, echo, interval
+        self.superlink_restarts = superlink_restarts
         self.died: dict[str, int] = {}
         self._seen: set[int] = set()
         self._done = threading.Event()
@@ -149,6 +167,10 @@ class ProcessWatch:
         while not self._done.wait(self.interval):
             self.check()
 
+    def forget(self, name: str) -> int | None:
+        """Drop ``name`` from :attr:`died` (it was started again); return its exit code."""
+        return self.died.pop(name, None)
+
     def check(self) -> None:
         """Report every watched process that has exited since the last check."""
         for name, proc in list(self.procs.procs.items()):
@@ -158,7 +180,9 @@ class ProcessWatch:
             self._seen.add(proc.pid)
             self.died[name] = code
             if name == "superlink":
-                self.echo(f"gpfl: the SuperLink exited (code {code}); the run cannot go on")
+                self.echo(f"gpfl: the SuperLink exited (code {code}); " + (
+                    "starting it again on its database" if self.superlink_restarts
+                    else "the run cannot go on"))
                 run = self.procs.procs.get("flwr-run")
                 if run is not None and run.poll() is None:
                     run.terminate()

@@ -1,0 +1,61 @@
+"""A SuperLink that survives its own death: Flower's persistent state, and when to restart.
+
+``gpfl launch`` runs the SuperLink with ``--database <run dir>/superlink.db`` (Flower's
+``SqlLinkState``: runs, nodes, messages in flight and their payloads on disk). The ServerApp and
+the SuperNodes are separate processes that retry a lost connection; a SuperLink started again on
+the same ports and database carries their run on where it stopped, each instruction and each
+reply stored once. Only ``flwr run --stream`` ends with the connection: the launcher follows the
+run again with ``flwr log``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from server.federation import Federation
+from server.processes import descendant_running
+
+__all__ = ["MAX_SUPERLINK_RESTARTS", "STARTED", "SUPERLINK_DATABASE", "fresh_database",
+           "superlink_restartable"]
+
+#: The SuperLink's database (Flower's ``--database``) in the run directory.
+SUPERLINK_DATABASE = "superlink.db"
+
+
+def fresh_database(out: Path) -> Path:
+    """Return the SuperLink's database path in ``out``, moving an earlier launch's aside.
+
+    A resumed launch starts new SuperNodes: the nodes of the earlier launch, still "online" in
+    its database until their heartbeats expire, would be sampled and count as lost devices. The
+    earlier file is kept (``superlink.db.1``, ...): Flower's record of that launch's run.
+    """
+    path = out / SUPERLINK_DATABASE
+    if path.exists():
+        n = 1
+        while path.with_name(f"{path.name}.{n}").exists():
+            n += 1
+        for sidecar in ("", "-wal", "-shm", "-journal"):
+            old = path.with_name(path.name + sidecar)
+            if old.exists():
+                old.rename(path.with_name(f"{path.name}.{n}{sidecar}"))
+    return path
+
+
+#: How often one launch starts its SuperLink again on its database before giving the run up.
+MAX_SUPERLINK_RESTARTS = 3
+#: ``flwr run``'s line naming the run it submitted (``flwr log`` follows it by that id).
+STARTED = re.compile(r"Successfully started run (\d+)")
+
+
+def superlink_restartable(fed: Federation, run_id: int | None, restarts: int) -> bool:
+    """Whether the run can go on with its SuperLink started again (it died, the ServerApp lives).
+
+    Only with Flower's persistent state (``fed.database``): a SuperLink started again with its
+    state in memory would know neither the run nor its nodes.
+    """
+    superlink = fed.procs.procs.get("superlink")
+    return (fed.database is not None and run_id is not None
+            and restarts < MAX_SUPERLINK_RESTARTS
+            and superlink is not None and superlink.poll() is not None
+            and descendant_running("flwr-serverapp"))

@@ -1,0 +1,65 @@
+"""A SuperLink killed mid-round and started again on Flower's persistent state; the run goes on.
+
+``gpfl launch`` runs the SuperLink with ``--database <run dir>/superlink.db``. Its ServerApp and
+SuperNodes outlive it and retry their connections, so the launcher starts it again on the same
+ports and database and follows the same run (``flwr log``). Kept small: 2 SuperNodes, 3 rounds.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from server.launcher import SUPERLINK_DATABASE, Federation, launch
+from tests.conftest import flower_processes, ledger_spend
+
+pytestmark = pytest.mark.integration
+
+N_OVER_NU = 2 / 5  # cost of one release: n/ν with n = 2, ν = 5
+
+
+@pytest.mark.timeout(300)
+def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_completes(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: 3 rounds, both devices sampled every round. When round 2 starts, the SuperLink
+    # process alone is SIGKILLed (its ServerApp and the SuperNodes keep running), with round 2's
+    # instructions in its database and possibly on their way to the devices.
+    out = tmp_path / "run"
+    killed: list[int] = []
+
+    def kill_superlink(line: str, fed: Federation) -> None:
+        if "[ROUND 2]" in line and not killed:
+            superlink = fed.procs.procs["superlink"]
+            superlink.send_signal(signal.SIGKILL)
+            killed.append(superlink.pid)
+
+    # Execute
+    result = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=240,
+                    run_config={"num-rounds": 3, "clients-per-round": 2, "patience": 0,
+                                "seed": 7},
+                    on_line=kill_superlink)
+
+    # Assert: the SuperLink died once and the same run (no resume) did all its rounds.
+    summary = result.summary
+    assert killed and result.died["superlink"] == -signal.SIGKILL
+    assert (out / SUPERLINK_DATABASE).is_file()
+    assert result.finished and summary["status"] == "complete"
+    assert [e["round"] for e in summary["history"]] == [0, 1, 2, 3]
+    assert not summary.get("resumed")
+    # Assert: every device's spend exactly once: one ledger entry per round it took part in,
+    # and what summary.json reports (the devices' reports and the ledgers read after the run)
+    # is what each ledger holds.
+    names = sorted(summary["privacy"]["per_client"])
+    assert names == ["client-0", "client-1"]
+    spend = ledger_spend(out / "ledgers", names)
+    for name in names:
+        releases, d_privacy = spend[name]
+        client = summary["privacy"]["per_client"][name]
+        assert releases == client["participations"] == 3
+        assert d_privacy == pytest.approx(releases * N_OVER_NU)
+        assert client["spend"] == pytest.approx(d_privacy)
+        assert summary["ledgers"]["per_client"][name]["spend"] == pytest.approx(d_privacy)
+    assert flower_processes() == []
