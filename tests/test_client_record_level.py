@@ -1,0 +1,124 @@
+"""The record-level mode (mechanism dpsgd): policy bounds, the charge before data, the ledger."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.app import device_task
+from client.numpy_client import GpflClient
+from client.policy import DevicePolicy
+from mechanisms import PrivacyLedger, RecordLevelEvent
+from mechanisms.record_accounting import record_epsilon
+from settings import federation_defaults
+from tasks import Task
+from tasks.digits import DigitsTask
+
+RUN: dict[str, Any] = {**federation_defaults(), "task": "digits", "model": "logistic",
+                       "mechanism": "dpsgd", "num-rounds": 3, "seed": 3, "batch-size": 8,
+                       "record-steps": 5, "record-sampling-rate": 0.1,
+                       "record-noise-multiplier": 2.0}
+
+
+def make_client(tmp_path: Path, built: list[str] | None = None, node: dict[str, Any] | None = None,
+                **run: Any) -> GpflClient:
+    p = DevicePolicy.load({"partition-id": 0, "num-partitions": 4, "ledger-dir": str(tmp_path),
+                           "mechanisms": "dpsgd,gaussian", **(node or {})}, environ={})
+    config = {**RUN, **run}
+
+    def build() -> Task:
+        if built is not None:
+            built.append(config["task"])
+        return device_task(config, p)
+
+    return GpflClient(build, config, p)
+
+
+def hypotheses(k: int) -> list[np.ndarray]:
+    task = DigitsTask(model="logistic")
+    rng = np.random.default_rng(0)
+    return [a for _ in range(k) for a in task.init_parameters(rng)]
+
+
+def ledger_of(tmp_path: Path) -> PrivacyLedger:
+    return PrivacyLedger(tmp_path / "client-0.json", delta=1e-5)
+
+
+def test_a_record_level_release_is_charged_in_its_own_unit_before_training(
+    tmp_path: Path,
+) -> None:
+    c = make_client(tmp_path)
+    released, _, metrics = c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
+    assert metrics["declined"] == 0 and len(released) == 2
+    entries = ledger_of(tmp_path).entries()
+    assert len(entries) == 1
+    event = entries[0].event
+    assert event == RecordLevelEvent(0.1, 2.0, 5, "replace-one", 0.0)
+    assert event.relation == "replace-one"
+    expected = record_epsilon([event], 1e-5)
+    assert metrics["spend-record-epsilon"] == pytest.approx(expected)
+    assert metrics["spend-epsilon"] == 0.0 and metrics["spend-d"] == 0.0
+    assert metrics["record-clip-final"] > 0 and metrics["record-lr-final"] > 0
+
+
+def test_the_device_least_noise_multiplier_and_relation_bound_the_request(
+    tmp_path: Path,
+) -> None:
+    node = {"record-noise-multiplier": 3.0, "neighbouring": "add-remove"}
+    c = make_client(tmp_path, node=node, **{"record-noise-multiplier": 0.5})
+    c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
+    event = ledger_of(tmp_path).entries()[0].event
+    assert isinstance(event, RecordLevelEvent)
+    assert event.noise_multiplier == 3.0 and event.relation == "add-remove"
+
+
+def test_dpsgd_is_declined_unless_the_device_allows_it(tmp_path: Path) -> None:
+    built: list[str] = []
+    c = make_client(tmp_path, built, node={"mechanisms": "gaussian"})
+    released, _, metrics = c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
+    assert released == [] and metrics["declined-by"] == "policy" and built == []
+    assert "mechanism='dpsgd'" in metrics["decline-reason"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_record_cap_declines_before_anything_is_trained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    event = RecordLevelEvent(0.1, 2.0, 5, "replace-one", 0.0)
+    one, two = record_epsilon([event], 1e-5), record_epsilon([event, event], 1e-5)
+    assert one < two
+    c = make_client(tmp_path, node={"cap-record-epsilon": (one + two) / 2})
+    _, _, first = c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
+    assert first["declined"] == 0
+
+    def touched(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the private part ran after the cap declined")
+
+    monkeypatch.setattr("client.numpy_client.release_record", touched)
+    _, _, metrics = c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 2})
+    assert metrics["declined-by"] == "budget" and "record cap" in metrics["decline-reason"]
+    assert len(ledger_of(tmp_path).entries()) == 1
+    assert metrics["spend-record-epsilon"] == pytest.approx(one)
+
+
+def test_with_two_hypotheses_the_choice_is_charged(tmp_path: Path) -> None:
+    c = make_client(tmp_path)
+    released, _, metrics = c.fit(hypotheses(2), {"num-hypotheses": 2, "server-round": 1})
+    assert metrics["declined"] == 0 and len(released) == 2
+    event = ledger_of(tmp_path).entries()[0].event
+    assert isinstance(event, RecordLevelEvent) and event.selection_noise_multiplier == 2.0
+    without = record_epsilon([RecordLevelEvent(0.1, 2.0, 5, "replace-one", 0.0)], 1e-5)
+    assert metrics["spend-record-epsilon"] > without
+
+
+def test_a_task_without_a_per_record_loss_is_declined_before_the_charge(
+    tmp_path: Path,
+) -> None:
+    c = make_client(tmp_path, task="synthetic")
+    released, _, metrics = c.fit([np.zeros(2, np.float32)],
+                                 {"num-hypotheses": 1, "server-round": 1})
+    assert released == [] and metrics["declined-by"] == "policy"
+    assert not (tmp_path / "client-0.json").exists()
