@@ -141,6 +141,10 @@ class ClipSchedule:
         self._last_g, self._last_q = g_tilde, q_tilde
         self._record()
 
+    def step_fixed(self) -> None:
+        """FixedThreshold: C and the step stay; the trajectory records the step."""
+        self._record()
+
     def _record(self) -> None:
         self.clips.append(self.clip)
         self.learning_rates.append(self.learning_rate)

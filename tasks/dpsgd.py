@@ -141,7 +141,7 @@ def train_record_level(
             q_tilde = (units + rng.standard_normal(dims) * training.split.secondary) / m
             schedule.step_oso(g_tilde, q_tilde)
         else:
-            schedule._record()
+            schedule.step_fixed()
     trace.clips = list(schedule.clips)
     trace.learning_rates = list(schedule.learning_rates)
     return to_arrays(module), trace

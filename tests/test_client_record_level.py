@@ -122,3 +122,45 @@ def test_a_task_without_a_per_record_loss_is_declined_before_the_charge(
                                  {"num-hypotheses": 1, "server-round": 1})
     assert released == [] and metrics["declined-by"] == "policy"
     assert not (tmp_path / "client-0.json").exists()
+
+
+def test_a_request_whose_noise_could_overflow_is_declined_before_anything_is_read(
+    tmp_path: Path,
+) -> None:
+    built: list[str] = []
+    c = make_client(tmp_path, built, node={"data-path": str(tmp_path / "absent.csv")},
+                    **{"record-clip": 1e6, "record-clip-rate": 10.0, "record-steps": 100_000})
+    released, _, metrics = c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
+    assert released == [] and metrics["declined-by"] == "policy" and built == []
+    assert "record-clip=1000000.0" in metrics["decline-reason"]
+    assert not (tmp_path / "client-0.json").exists()
+
+
+def test_the_release_check_refuses_a_release_without_its_charged_noise() -> None:
+    from client.record_release import RecordPlan, verify_record_release
+    from mechanisms.invariant import ReleaseRefused
+    from mechanisms.record_clipping import NoiseSplit, split_noise
+    from tasks.dpsgd import RecordTrace
+
+    n, steps = 100, 3
+    split = split_noise("oso", 1.0)
+    plan = RecordPlan(RecordLevelEvent(0.1, 1.0, steps, "add-remove", 0.0), split, "oso")
+    sigma = split.gradient * 2.0
+    model = [np.zeros(n, np.float32)]
+
+    def trace(energy: float, sigmas: float = sigma, count: int = steps) -> RecordTrace:
+        return RecordTrace(clips=[2.0] * (count + 1), learning_rates=[0.1] * (count + 1),
+                           noise_energy=[energy] * count, noise_sigma=[sigmas] * count,
+                           dimension=n)
+
+    verify_record_release(plan, trace(n * sigma ** 2), reference=model, released=model)
+    for bad in (trace(0.01 * n * sigma ** 2), trace(n * sigma ** 2, sigmas=0.5 * sigma),
+                trace(n * sigma ** 2, count=steps - 1)):
+        with pytest.raises(ReleaseRefused):
+            verify_record_release(plan, bad, reference=model, released=model)
+    weaker = RecordPlan(plan.event, NoiseSplit(1.0, 1.0), "oso")  # combined ν = 0.71 < 1
+    with pytest.raises(ReleaseRefused, match="less noise"):
+        verify_record_release(weaker, trace(n * 4.0), reference=model, released=model)
+    with pytest.raises(ReleaseRefused, match="finite"):
+        verify_record_release(plan, trace(n * sigma ** 2), reference=model,
+                              released=[np.full(n, np.nan, np.float32)])
