@@ -62,6 +62,8 @@ def test_a_record_level_release_is_charged_in_its_own_unit_before_training(
     assert metrics["spend-record-epsilon"] == pytest.approx(expected)
     assert metrics["spend-epsilon"] == 0.0 and metrics["spend-d"] == 0.0
     assert metrics["record-clip-final"] > 0 and metrics["record-lr-final"] > 0
+    # replace-one (the device default): the charged sensitivity of a clipped sum is 2C.
+    assert metrics["record-sensitivity"] == 2.0 * RUN["record-clip"]
 
 
 def test_the_device_least_noise_multiplier_and_relation_bound_the_request(
@@ -69,10 +71,11 @@ def test_the_device_least_noise_multiplier_and_relation_bound_the_request(
 ) -> None:
     node = {"record-noise-multiplier": 3.0, "neighbouring": "add-remove"}
     c = make_client(tmp_path, node=node, **{"record-noise-multiplier": 0.5})
-    c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
+    _, _, metrics = c.fit(hypotheses(1), {"num-hypotheses": 1, "server-round": 1})
     event = ledger_of(tmp_path).entries()[0].event
     assert isinstance(event, RecordLevelEvent)
     assert event.noise_multiplier == 3.0 and event.relation == "add-remove"
+    assert metrics["record-sensitivity"] == RUN["record-clip"]
 
 
 def test_dpsgd_is_declined_unless_the_device_allows_it(tmp_path: Path) -> None:
