@@ -35,6 +35,7 @@ import numpy as np
 from flwr.client import NumPyClient
 
 from client.policy import DevicePolicy, PolicyDecline
+from client.record_release import RecordPlan, plan_record_release, release_record
 from client.release import (
     InstructionError,
     ReleasePlan,
@@ -115,6 +116,7 @@ def spend_metrics(spend: Spend) -> dict[str, float | int]:
     return {
         "spend-d": float(spend.d_privacy),
         "spend-epsilon": float(spend.epsilon),
+        "spend-record-epsilon": float(spend.record_epsilon),
         "spend-delta": float(spend.delta),
         "releases": int(spend.releases),
     }
@@ -189,7 +191,11 @@ class GpflClient(NumPyClient):
             s = ClientSettings.resolve(self.run_config, self.policy)
             hypotheses = check_instruction(parameters, config, max_abs=s.max_parameter,
                                            max_hypotheses=s.max_hypotheses)
-            plan = plan_release(s.privacy, hypotheses, max_abs=s.max_parameter)
+            plan: ReleasePlan | RecordPlan
+            if s.privacy.mechanism == "dpsgd":
+                plan = plan_record_release(s, hypotheses)
+            else:
+                plan = plan_release(s.privacy, hypotheses, max_abs=s.max_parameter)
         except PolicyDecline as decline:
             logger.warning("%s declines: %s", self.policy.client_name, decline)
             return self._decline(str(decline), "policy", None)
@@ -197,6 +203,10 @@ class GpflClient(NumPyClient):
             # No device file to read: building the task is public (its data is generated from
             # the run config), so a malformed instruction is refused before it is charged.
             check_shapes(hypotheses, self.task)
+            if isinstance(plan, RecordPlan) and not _record_capable(self.task):
+                return self._decline("declined: task does not support mechanism dpsgd (it "
+                                     "needs a torch classifier with a cross-entropy loss)",
+                                     "policy", None)
         federation = federation_key(config, self.run_id)
         base: dict[str, Any] = {"mechanism": s.privacy.mechanism, "client-name": s.name,
                                 **plan.metrics}
@@ -216,15 +226,34 @@ class GpflClient(NumPyClient):
             reason = f"the next release would pass this device's {plan.event.family} cap"
             _, _, metrics = self._decline(reason, "budget", ledger.spent(federation=federation))
             return [], 1, {**base, **metrics}
+        extra: dict[str, float] = {}
         try:
-            released = self._release(s, plan, hypotheses, server_round, lifetime.releases)
+            if isinstance(plan, RecordPlan):
+                released, extra = self._release_record(s, plan, hypotheses, lifetime.releases)
+            else:
+                released = self._release(s, plan, hypotheses, server_round, lifetime.releases)
             spend = ledger.spent(federation=federation)
         except Exception:
             # Charged, and private data was in use: the text of any error could carry it. The
             # device keeps the details; the server learns only that the round failed.
             logger.exception("%s: round %d failed (charged)", s.name, server_round)
             raise ReleaseFailedError() from None
-        return released, 1, {**base, "declined": 0, **spend_metrics(spend)}
+        return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
+
+    def _noise_rng(self, s: ClientSettings, releases: int) -> np.random.Generator:
+        if s.noise_seed is None:
+            return device_rng()
+        # Opted in by the device (experiments): keyed by the device's own release count,
+        # never by anything the server chose.
+        return seeded_rng(s.noise_seed, s.partition_id, releases)
+
+    def _release_record(
+        self, s: ClientSettings, plan: RecordPlan, hypotheses: list[Arrays], releases: int,
+    ) -> tuple[Arrays, dict[str, float]]:
+        task = self.task
+        check_shapes(hypotheses, task)
+        data = task.client_dataset(s.partition_id, s.num_partitions)
+        return release_record(task, s, plan, hypotheses, data, self._noise_rng(s, releases))
 
     def _release(
         self, s: ClientSettings, plan: ReleasePlan, hypotheses: list[Arrays],
@@ -249,12 +278,7 @@ class GpflClient(NumPyClient):
         if not ok:
             logger.warning("%s: the trained model is not finite or beyond max-parameter; the "
                            "hypothesis is released in its place (with the charged noise)", s.name)
-        if s.noise_seed is None:
-            rng = device_rng()
-        else:
-            # Opted in by the device (experiments): keyed by the device's own release count,
-            # never by anything the server chose.
-            rng = seeded_rng(s.noise_seed, s.partition_id, releases)
+        rng = self._noise_rng(s, releases)
         released = plan.mechanism.sanitize(reference, updated, rng=rng, spread=plan.spread)
         # The last line of defence: nothing leaves without the noise its charge paid for.
         verify_release(plan.mechanism, plan.event, reference=reference, updated=updated,
@@ -272,6 +296,12 @@ class GpflClient(NumPyClient):
         """
         logger.info("%s: evaluate refused (a local loss is private)", self.policy.client_name)
         return 0.0, 0, {"client-name": self.policy.client_name, "refused": 1}
+
+
+def _record_capable(task: Any) -> bool:
+    from tasks.dpsgd import supports_record_level
+
+    return supports_record_level(task)
 
 
 def _safe_loss(task: Task, hypothesis: Arrays, data: Any) -> float:

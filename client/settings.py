@@ -45,6 +45,10 @@ class PrivacySettings:
         Gaussian/sign clipping and calibration.
     cap_d_privacy, cap_epsilon : float
         The caps, each in its family's unit (Σ ε·r; RDP ε at ``ledger_delta``).
+    cap_record_epsilon : float
+        The cap of the record-level family (dpsgd): RDP ε at ``ledger_delta``, its own unit.
+    record : RecordSettings or None
+        The record-level request as applied (mechanism ``dpsgd``), else ``None``.
     """
 
     mechanism: str
@@ -62,14 +66,39 @@ class PrivacySettings:
     planned_releases: int
     cap_d_privacy: float
     cap_epsilon: float
+    cap_record_epsilon: float = 0.0
+    record: RecordSettings | None = None
 
     def cap(self, family: str) -> float | None:
-        """Return the cap of an event family (``d-privacy``, ``rdp``; ``none`` has none)."""
+        """Return the cap of an event family (d-privacy, rdp, record; none has none)."""
         if family == "d-privacy":
             return self.cap_d_privacy
         if family == "rdp":
             return self.cap_epsilon
+        if family == "record":
+            return self.cap_record_epsilon
         return None
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """What a record-level (dpsgd) release applies: the request, bounded by the policy.
+
+    ``noise_multiplier`` is the larger of the request and the device's least; ``relation`` is
+    the device's own (``neighbouring``); the rest are the request's public values.
+    """
+
+    clipping: str
+    sampling_rate: float
+    steps: int
+    noise_multiplier: float
+    clip: float
+    target_quantile: float
+    clip_rate: float
+    lr_rate: float
+    query_ratio: float
+    loss_clip: float
+    relation: str
 
 
 @dataclass(frozen=True)
@@ -150,6 +179,20 @@ class ClientSettings:
             planned_releases=planned,
             cap_d_privacy=applied("cap-d-privacy"),
             cap_epsilon=applied("cap-epsilon"),
+            cap_record_epsilon=applied("cap-record-epsilon"),
+            record=RecordSettings(
+                clipping=request["record-clipping"],
+                sampling_rate=request["record-sampling-rate"],
+                steps=request["record-steps"],
+                noise_multiplier=applied("record-noise-multiplier"),
+                clip=request["record-clip"],
+                target_quantile=request["record-target-quantile"],
+                clip_rate=request["record-clip-rate"],
+                lr_rate=request["record-lr-rate"],
+                query_ratio=request["record-query-ratio"],
+                loss_clip=request["record-loss-clip"],
+                relation=str(policy["neighbouring"]),
+            ) if mechanism == "dpsgd" else None,
         )
         seed = request["seed"]
         return cls(

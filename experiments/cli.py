@@ -36,6 +36,7 @@ EXPERIMENTS: dict[str, str] = {
     "empirical-privacy": "experiments.empirical_privacy",
     "mia": "experiments.mia",
     "small-federations": "experiments.small_federations",
+    "record-clipping": "experiments.record_clipping",
 }
 COMMANDS = (*EXPERIMENTS, "all", "report")
 

@@ -27,6 +27,7 @@ from mechanisms.events import (
     NeighbourhoodEvent,
     NonPrivateEvent,
     PrivacyEvent,
+    RecordLevelEvent,
     SignReleaseEvent,
     event_from_dict,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "NonPrivateEvent",
     "PrivacyEvent",
     "PrivacyLedger",
+    "RecordLevelEvent",
     "SignReleaseEvent",
     "Spend",
     "StochasticSign",

@@ -15,6 +15,9 @@ compared only with a cap in its own unit:
   a Gaussian one): composed by dp-accounting's ``RdpAccountant`` (events grouped by
   noise multiplier as ``SelfComposedDpEvent``) into ``Spend.epsilon`` at the
   ledger's δ;
+* ``"record"`` (``dpsgd`` events, record-level DP-SGD on the device): composed by the same
+  accountant (:mod:`mechanisms.record_accounting`) into ``Spend.record_epsilon`` at the
+  ledger's δ, never mixed with the device-level figures;
 * ``"none"`` (``none`` events, no noise): counted as releases; they carry no
   guarantee, so no cap admits them, only ``cap=None``.
 """
@@ -35,7 +38,9 @@ from mechanisms.events import (
     MetricPrivacyEvent,
     NeighbourhoodEvent,
     PrivacyEvent,
+    RecordLevelEvent,
 )
+from mechanisms.record_accounting import record_epsilon
 
 # A cap is compared with a sum of floats: 6 releases of 0.4 sum to 2.4000000000000004.
 # This relative slack keeps such a release inside a cap of 2.4; it is far below any
@@ -83,6 +88,9 @@ class Spend:
         Releases charged, of every kind.
     declines : int
         Rounds declined because of the cap.
+    record_epsilon : float
+        The RDP-composed record-level ε, at the ledger's δ, of its DP-SGD releases (0 if none);
+        each release's relation (add/remove or replace-one) is in its ledger entry.
     """
 
     d_privacy: float
@@ -90,6 +98,7 @@ class Spend:
     delta: float
     releases: int
     declines: int
+    record_epsilon: float = 0.0
 
     def to_dict(self) -> dict[str, float | int]:
         """Return the fields as a dict (snake_case keys)."""
@@ -164,12 +173,14 @@ def compose(entries: Sequence[LedgerEntry], *, declines: int, delta: float) -> S
     """
     delta = check_open_unit("delta", delta)
     groups = _gaussian_groups(entries)
+    records = _record_events(entries)
     return Spend(
         d_privacy=_d_privacy(entries),
         epsilon=composed_gaussian_epsilon(groups, delta),
-        delta=delta if groups else 0.0,
+        delta=delta if groups or records else 0.0,
         releases=len(entries),
         declines=declines,
+        record_epsilon=record_epsilon(records, delta),
     )
 
 
@@ -201,6 +212,12 @@ def check_cap(
         # The same fsum the spend will report once the entry is written.
         after = math.fsum([*costs, _d_cost(event)])
         unit = "d-privacy Σ ε·r"
+    elif event.family == "record":
+        assert isinstance(event, RecordLevelEvent)
+        records = _record_events(entries)
+        before = record_epsilon(records, delta)
+        after = record_epsilon([*records, event], delta)
+        unit = f"record-level RDP ε at δ={delta:g}"
     else:
         groups = _gaussian_groups(entries)
         before = composed_gaussian_epsilon(groups, delta)
@@ -231,6 +248,10 @@ def _d_privacy(entries: Sequence[LedgerEntry]) -> float:
 def _noise_multiplier(event: PrivacyEvent) -> float:
     assert isinstance(event, GaussianReleaseEvent)
     return event.noise_multiplier
+
+
+def _record_events(entries: Sequence[LedgerEntry]) -> list[RecordLevelEvent]:
+    return [e.event for e in entries if isinstance(e.event, RecordLevelEvent)]
 
 
 def _gaussian_groups(entries: Sequence[LedgerEntry]) -> Counter[float]:

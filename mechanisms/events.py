@@ -8,8 +8,14 @@ that the ledger can keep them in a JSON file.
 
 Every event belongs to a ``family``, the unit its cost is counted and capped in:
 ``"d-privacy"`` (Σ ε·r, composed by addition), ``"rdp"`` (the (ε, δ) that
-dp-accounting's RDP accountant composes) or ``"none"`` (no guarantee at all).
-Costs of different families are never added to one another.
+dp-accounting's RDP accountant composes), ``"record"`` (the record-level (ε, δ) of
+DP-SGD on the device, composed by the same accountant in its own unit) or ``"none"``
+(no guarantee at all). Costs of different families are never added to one another.
+
+Every event names its promise and neighbouring relation (:attr:`PrivacyEvent.relation`):
+the device-level events protect the device's whole local data set replaced by any other
+(the sensitivity of a clipped update covers any two data sets); a record-level event
+protects one record, added/removed or replaced, as the device chose.
 
 ====================  =================  =========  ==========================================
 class                 ``kind``           family     fields
@@ -21,6 +27,9 @@ GaussianReleaseEvent  ``gaussian``       rdp        ``noise_multiplier`` (σ / L
 SignReleaseEvent      ``sign``           rdp        ``noise_multiplier`` (of the Gaussian it
                                                     post-processes)
 NonPrivateEvent       ``none``           none       (none)
+RecordLevelEvent      ``dpsgd``          record     ``sampling_rate`` q, ``noise_multiplier``
+                                                    ν, ``steps`` T, ``relation``,
+                                                    ``selection_noise_multiplier``
 ====================  =================  =========  ==========================================
 """
 
@@ -34,7 +43,13 @@ from typing import Any, ClassVar
 from mechanisms._validation import check_positive_finite, check_positive_int, check_real
 
 #: The families of events, i.e. the units in which a ledger counts and caps spend.
-FAMILIES: tuple[str, ...] = ("d-privacy", "rdp", "none")
+FAMILIES: tuple[str, ...] = ("d-privacy", "rdp", "record", "none")
+
+#: The neighbouring relations a record-level guarantee can be stated under.
+RECORD_RELATIONS: tuple[str, ...] = ("add-remove", "replace-one")
+
+#: The relation of every device-level event: the device's whole data set, replaced.
+DEVICE_RELATION = "device-replace"
 
 
 @dataclass(frozen=True)
@@ -43,6 +58,11 @@ class PrivacyEvent:
 
     kind: ClassVar[str] = ""
     family: ClassVar[str] = ""
+
+    @property
+    def relation(self) -> str:
+        """The neighbouring relation the cost is stated under (device level: the whole data set)."""
+        return DEVICE_RELATION
 
     def validate(self) -> None:
         """Raise ``ValueError`` or ``TypeError`` if a field is out of range."""
@@ -209,6 +229,80 @@ class NonPrivateEvent(PrivacyEvent):
     family: ClassVar[str] = "none"
 
 
+@dataclass(frozen=True)
+class RecordLevelEvent(PrivacyEvent):
+    """A model trained with DP-SGD on the device's records, released (record-level privacy).
+
+    The cost is known before training, from public numbers only: ``steps`` Poisson-sampled
+    steps at rate q, each a Gaussian query of noise multiplier ν on the clipped per-record sums
+    (one joint query when a clipping strategy adds its own, see
+    :mod:`mechanisms.record_clipping`), plus, with k >= 2 hypotheses, one Gaussian
+    report-noisy-min of noise multiplier ``selection_noise_multiplier`` (0: no choice was made).
+    Under ``replace-one`` the L2 sensitivity of every clipped sum is twice that of
+    ``add-remove``, so the accountant composes the same queries at half the noise multiplier.
+
+    Parameters
+    ----------
+    sampling_rate : float
+        q in (0, 1]: each record is in a step's batch independently with probability q.
+    noise_multiplier : float
+        ν > 0: σ of each step's noise over the add/remove sensitivity of its clipped sum.
+    steps : int
+        T >= 1 steps of the release.
+    relation : str
+        ``"add-remove"`` or ``"replace-one"`` (the device's choice).
+    selection_noise_multiplier : float
+        >= 0; σ of the report-noisy-min over its add/remove sensitivity (0 = no choice).
+    """
+
+    kind: ClassVar[str] = "dpsgd"
+    family: ClassVar[str] = "record"
+    sampling_rate: float
+    noise_multiplier: float
+    steps: int
+    relation_name: str
+    selection_noise_multiplier: float = 0.0
+
+    def __post_init__(self) -> None:
+        q = check_positive_finite("sampling_rate", self.sampling_rate)
+        if q > 1.0:
+            raise ValueError(f"sampling_rate must be in (0, 1], got sampling_rate={q!r}")
+        object.__setattr__(self, "sampling_rate", q)
+        object.__setattr__(self, "noise_multiplier",
+                           check_positive_finite("noise_multiplier", self.noise_multiplier))
+        object.__setattr__(self, "steps", check_positive_int("steps", self.steps))
+        if self.relation_name not in RECORD_RELATIONS:
+            raise ValueError(f"relation must be one of {RECORD_RELATIONS}, "
+                             f"got relation={self.relation_name!r}")
+        z = check_real("selection_noise_multiplier", self.selection_noise_multiplier)
+        if not (z >= 0.0 and math.isfinite(z)):
+            raise ValueError("selection_noise_multiplier must be >= 0 and finite, got "
+                             f"selection_noise_multiplier={z!r}")
+        object.__setattr__(self, "selection_noise_multiplier", z)
+
+    def validate(self) -> None:
+        """Check the fields (the constructor already did; kept for the accountant's check)."""
+        RecordLevelEvent(self.sampling_rate, self.noise_multiplier, self.steps,
+                         self.relation_name, self.selection_noise_multiplier)
+
+    @property
+    def relation(self) -> str:
+        """``add-remove`` or ``replace-one``: one record, as the device declared."""
+        return self.relation_name
+
+    @property
+    def sensitivity_factor(self) -> float:
+        """The L2 sensitivity of a clipped sum in units of the clipping bound: 1, or 2."""
+        return 2.0 if self.relation_name == "replace-one" else 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON form (every field, the relation by name)."""
+        return {"kind": self.kind, "sampling_rate": self.sampling_rate,
+                "noise_multiplier": self.noise_multiplier, "steps": self.steps,
+                "relation": self.relation_name,
+                "selection_noise_multiplier": self.selection_noise_multiplier}
+
+
 #: Every event class the accountant knows how to compose, in the order they were introduced.
 EVENT_TYPES: tuple[type[PrivacyEvent], ...] = (
     MetricPrivacyEvent,
@@ -216,6 +310,7 @@ EVENT_TYPES: tuple[type[PrivacyEvent], ...] = (
     GaussianReleaseEvent,
     SignReleaseEvent,
     NonPrivateEvent,
+    RecordLevelEvent,
 )
 
 _KINDS: dict[str, type[PrivacyEvent]] = {cls.kind: cls for cls in EVENT_TYPES}
@@ -243,6 +338,8 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
         "gaussian": {"noise_multiplier"},
         "sign": {"noise_multiplier"},
         "none": set(),
+        "dpsgd": {"sampling_rate", "noise_multiplier", "steps", "relation",
+                  "selection_noise_multiplier"},
     }[kind]
     if set(fields) != expected:
         raise ValueError(
@@ -262,4 +359,10 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
                 f"dimensions must be a list of positive integers, got {dimensions!r}"
             )
         return NeighbourhoodEvent(tuple(dimensions), fields["noise_multiplier"])
+    if kind == "dpsgd":
+        steps = fields["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, int):
+            raise TypeError(f"steps must be an integer, got {steps!r}")
+        return RecordLevelEvent(fields["sampling_rate"], fields["noise_multiplier"], steps,
+                                fields["relation"], fields["selection_noise_multiplier"])
     return _KINDS[kind](**fields)

@@ -16,6 +16,7 @@ from mechanisms.events import (
     MetricPrivacyEvent,
     NeighbourhoodEvent,
     NonPrivateEvent,
+    RecordLevelEvent,
 )
 from mechanisms.ledger_store import LedgerStore
 
@@ -65,6 +66,8 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
         lines.append(f"Gaussian/sign (RDP): ε = {spend.epsilon:.6g} at δ = {delta:g}")
     else:
         lines.append("Gaussian/sign (RDP): none")
+    if any(e.event.family == "record" for e in state.entries):
+        lines.append(f"record-level DP-SGD (RDP): ε = {spend.record_epsilon:.6g} at δ = {delta:g}")
     nonprivate = sum(isinstance(e.event, NonPrivateEvent) for e in state.entries)
     if nonprivate:
         lines.append(f"releases without noise (no guarantee): {nonprivate}")
@@ -72,7 +75,11 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
 
 
 def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str]:
-    """Return one release's cells: number, time, round, kind, parameters, d-privacy cost."""
+    """Return one release's cells: number, time, round, kind, parameters, d-privacy cost.
+
+    A record-level entry names its neighbouring relation first; every other entry is
+    device-level (the whole data set replaced).
+    """
     event = entry.event
     if isinstance(event, MetricPrivacyEvent):
         if len(event.layers) == 1:
@@ -86,6 +93,10 @@ def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str]:
         else:
             params = f"{len(event.dimensions)} layers, ν={event.noise_multiplier:.6g}"
         cost = f"{event.cost:.6g}"
+    elif isinstance(event, RecordLevelEvent):
+        params = (f"{event.relation}, q={event.sampling_rate:.6g}, ν={event.noise_multiplier:.6g}, "
+                  f"T={event.steps}, choice ν={event.selection_noise_multiplier:.6g}")
+        cost = "-"
     elif isinstance(event, GaussianReleaseEvent):
         params, cost = f"z={event.noise_multiplier:.6g}", "-"
     else:

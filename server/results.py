@@ -33,16 +33,12 @@ STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged")
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
     """Return a client's total spend in its mechanism's own terms.
 
-    ε·r (d-privacy) for Laplace, the RDP-composed ε for Gaussian and sign,
-    ``None`` (unbounded) without a mechanism, or for a device never heard from.
+    ε·r (d-privacy) for Laplace, the RDP-composed ε for Gaussian and sign, the record-level
+    RDP ε for dpsgd, ``None`` (unbounded) without a mechanism, or for a device never heard from.
     """
-    if "client-name" not in metrics:
-        return None
-    if mechanism == "laplace":
-        return float(metrics.get("spend-d", 0.0))
-    if mechanism in ("gaussian", "sign"):
-        return float(metrics.get("spend-epsilon", 0.0))
-    return None
+    key = {"laplace": "spend-d", "gaussian": "spend-epsilon", "sign": "spend-epsilon",
+           "dpsgd": "spend-record-epsilon"}.get(mechanism)
+    return None if "client-name" not in metrics or key is None else float(metrics.get(key, 0.0))
 
 
 _COUNTS = ("sampled", "participations", "declines", "dropped", "failures", "missing")
@@ -79,6 +75,7 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             # Σ over its accepted releases of distance / the round's median (~1 a release for
             # an honest device; strategies.records.ClientRecord.pull).
             "pull": float(getattr(record, "pull", 0.0)),
+            "record_schedule": [list(r) for r in getattr(record, "record_schedule", [])],
         }
         if name in per_client:
             old = per_client[name]
@@ -89,6 +86,7 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
                 values = [v for v in (old[key], entry[key]) if v is not None]
                 merged[key] = max(values) if values else None
             merged["pull"] = old["pull"] + entry["pull"]
+            merged["record_schedule"] = old["record_schedule"] + entry["record_schedule"]
             merged["node_ids"] = [*old["node_ids"], cid]
             entry = merged
         per_client[name] = entry
@@ -97,6 +95,8 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
         "laplace": "epsilon*r (d-privacy, Theorem 3.1 composition)",
         "gaussian": "epsilon at the client's delta (RDP, dp-accounting)",
         "sign": "epsilon at the client's delta (RDP, dp-accounting)",
+        "dpsgd": "record-level epsilon at the client's delta (RDP, dp-accounting; the relation "
+                 "each release is under is in the device's ledger)",
     }.get(mechanism, "none: releases are not sanitized")
     return {
         "mechanism": mechanism,

@@ -101,9 +101,9 @@ def ledger_report(ledgers: Iterable[Path], mechanism: str) -> dict[str, Any] | N
     """Read the devices' ledger files; return the ``ledgers`` section of the summary.
 
     ``spend`` is in the unit of the run's privacy report (Σ ε·r for Laplace, the composed ε for
-    Gaussian and sign). A ledger that does not exist (a device that never released) is left
-    out; returns ``None`` when none exists. An unreadable ledger is listed with its error, never
-    skipped silently.
+    Gaussian and sign, the record-level ε for dpsgd). A ledger that does not exist (a device
+    that never released) is left out; returns ``None`` when none exists. An unreadable ledger
+    is listed with its error, never skipped silently.
     """
     paths = sorted({Path(p) for p in ledgers if Path(p).is_file()})
     if not paths:
@@ -117,7 +117,8 @@ def ledger_report(ledgers: Iterable[Path], mechanism: str) -> dict[str, Any] | N
             logger.error("ledger %s is unreadable: %s", path, err)
             per_client[path.stem] = {"error": str(err)}
             continue
-        spend = spent.d_privacy if mechanism == "laplace" else spent.epsilon
+        spend = (spent.d_privacy if mechanism == "laplace" else
+                 spent.record_epsilon if mechanism == "dpsgd" else spent.epsilon)
         per_client[path.stem] = {"spend": spend, "path": str(path), **spent.to_dict()}
     spends = [c["spend"] for c in per_client.values() if "spend" in c]
     return {

@@ -119,7 +119,14 @@ def _check_device(text: str) -> None:
 
 
 # ------------------------------------------------------------------------------ declarations
-MECHANISMS = ("laplace", "gaussian", "sign", "none")
+MECHANISMS = ("laplace", "gaussian", "sign", "none", "dpsgd")
+#: Record-level clipping strategies (mechanisms.record_clipping.CLIPPING_STRATEGIES implements
+#: these; tests/test_record_settings.py ties the two).
+RECORD_CLIPPING = ("fixed", "quantile", "oso")
+#: The neighbouring relations a record-level guarantee is stated under.
+RECORD_RELATIONS = ("add-remove", "replace-one")
+#: The most DP-SGD steps of one record-level release (a device's round time grows with them).
+MAX_RECORD_STEPS = 100_000
 #: How a cluster's releases are weighted (strategies.aggregation implements each).
 AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
 #: How a hypothesis moves toward its cluster's aggregate (strategies.server_update).
@@ -222,6 +229,48 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "cap on a client's RDP-composed epsilon at its delta (gaussian, sign); 0 = no "
             "request, the device's cap applies", owner="both", stricter="min",
             device_default=10.0, unset=0.0, group="privacy", minimum=0.0),
+    # -- record-level privacy (mechanism dpsgd): DP-SGD on the device ------------------------------
+    # Every number here is public and known before training: the charge (q, ν, T, relation) is
+    # computed from them alone. batch-size is the public expected batch m that normalizes a
+    # step's sum, learning-rate the first step ρ_0; local-epochs does not enter.
+    Setting("record-clipping", str, "oso",
+            "dpsgd: the clipping strategy: fixed C, Andrew et al.'s quantile-adaptive C, or "
+            "OSO-DPSGD (online C and step)", group="record", choices=RECORD_CLIPPING),
+    Setting("record-sampling-rate", float, 0.05,
+            "dpsgd: q, each record is in a step's batch with this probability (Poisson)",
+            group="record", minimum=0.0, open_minimum=True, maximum=1.0),
+    Setting("record-steps", int, 50, "dpsgd: T, DP-SGD steps of one release", group="record",
+            minimum=1, maximum=MAX_RECORD_STEPS),
+    Setting("record-noise-multiplier", float, 1.0,
+            "dpsgd: ν, each step's noise over the sensitivity of its clipped sums (the report-"
+            "noisy-min's too); the device's is a minimum", owner="both", stricter="max",
+            device_default=0.8, group="record", minimum=0.0, open_minimum=True,
+            maximum=MAX_PRIVACY_PARAMETER),
+    Setting("record-clip", float, 1.0, "dpsgd: C_0, the first per-record clipping bound",
+            group="record", minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
+    Setting("record-target-quantile", float, 0.5,
+            "dpsgd quantile: γ, the share of records whose gradient C should not clip",
+            group="record", minimum=0.0, maximum=1.0, open_minimum=True, open_maximum=True),
+    Setting("record-clip-rate", float, 2.5e-3,
+            "dpsgd: ρ_c of OSO's C update (η_C of the quantile update; Andrew et al. use 0.2)",
+            group="record", minimum=0.0, open_minimum=True, maximum=10.0),
+    Setting("record-lr-rate", float, 2.5e-3, "dpsgd oso: ρ_r of the step's update",
+            group="record", minimum=0.0, open_minimum=True, maximum=10.0),
+    Setting("record-query-ratio", float, 7.124,
+            "dpsgd quantile/oso: the extra query's noise over ν (7.124: ν_g = 1.01·ν)",
+            group="record", minimum=1.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
+    Setting("record-loss-clip", float, 5.0,
+            "dpsgd, k >= 2: each record's loss is clipped to [0, this] before the report-"
+            "noisy-min chooses the hypothesis", group="record", minimum=0.0, open_minimum=True,
+            maximum=MAX_PRIVACY_PARAMETER),
+    Setting("cap-record-epsilon", float, 0.0,
+            "cap on a device's RDP-composed record-level epsilon at its delta (dpsgd); 0 = no "
+            "request, the device's cap applies", owner="both", stricter="min",
+            device_default=10.0, unset=0.0, group="record", minimum=0.0),
+    Setting("neighbouring", str, "replace-one",
+            "dpsgd: the neighbouring relation of the device's record-level guarantee "
+            "(replace-one doubles the sensitivity of every clipped sum)", owner="device",
+            group="device", choices=RECORD_RELATIONS),
     # -- aggregation -----------------------------------------------------------------------------
     Setting("aggregation", str, "mean", "how a cluster's releases are weighted",
             group="aggregation", choices=AGGREGATIONS),

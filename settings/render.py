@@ -16,6 +16,7 @@ _GROUPS = {
     "run": "The run",
     "training": "Local training",
     "privacy": "Privacy (what the run asks for)",
+    "record": "Record-level privacy (mechanism dpsgd: DP-SGD on the device)",
     "aggregation": "Aggregation",
     "tasks": "Tasks",
     "device": "The device (node config or policy file only)",

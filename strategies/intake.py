@@ -241,6 +241,9 @@ class ReplyScreen:
             client.name = parsed.name
             client.metrics = merge_spend(client.metrics, parsed.values)
             client.last_round = t
+            if "record-clip-final" in parsed.values and "record-lr-final" in parsed.values:
+                client.record_schedule.append([t, parsed.values["record-clip-final"],
+                                               parsed.values["record-lr-final"]])
             if parsed.declined:
                 out.declined += 1
                 client.declines += 1

@@ -131,6 +131,9 @@ class ClientRecord:
         The checked metrics of its replies: the last reported value of each, except the
         spend totals (``spend-d``, ``spend-epsilon``, ``spend-delta``, ``releases``,
         ``declines``), which hold the largest value it ever reported.
+    record_schedule : list of [round, C, step]
+        Record-level (dpsgd) releases: the clipping bound and the step each release ended
+        with, by round (the clipping strategy's trajectory, from sanitized values only).
     """
 
     cid: str
@@ -146,6 +149,7 @@ class ClientRecord:
     last_missed: int = 0
     pull: float = 0.0
     metrics: dict[str, Scalar] = field(default_factory=dict)
+    record_schedule: list[list[float]] = field(default_factory=list)
 
     def answered(self) -> None:
         """Note an answer of the device (a reply, a decline or an error): it is alive."""
@@ -163,6 +167,7 @@ class ClientRecord:
         # Simulation Engine): field by field is ~15x faster than dataclasses.asdict's deep copy.
         out = {name: getattr(self, name) for name in _CLIENT_FIELDS}
         out["metrics"] = dict(self.metrics)
+        out["record_schedule"] = [list(row) for row in self.record_schedule]
         return out
 
     @classmethod

@@ -47,7 +47,8 @@ __all__ = [
 
 #: Metrics that only grow over a device's life (its ledger's totals): the server keeps the
 #: largest value each device ever reported, so a lower (stale or forged) report never lowers it.
-SPEND_KEYS: tuple[str, ...] = ("spend-d", "spend-epsilon", "spend-delta", "releases", "declines")
+SPEND_KEYS: tuple[str, ...] = ("spend-d", "spend-epsilon", "spend-delta", "releases", "declines",
+                               "spend-record-epsilon")
 #: ``num_examples`` is not used (a gpfl client reports 1: its real count stays private); a count
 #: beyond a billion samples on one device is absurd whatever the client.
 MAX_EXAMPLES = 10**9
@@ -128,7 +129,8 @@ def parse_metrics(
     -----
     Ranges: ``client-name`` letters, digits, ``_ - .`` (at most 128, not starting with ``.``);
     ``declined`` 0 or 1 (absent: 0); ``spend-d``, ``spend-epsilon``, ``budget-epsilon``,
-    ``sigma`` finite and >= 0; ``spend-delta``, ``budget-delta`` in [0, 1]; ``releases``,
+    ``sigma``, ``spend-record-epsilon``, ``record-clip-final``, ``record-lr-final`` finite and
+    >= 0; ``spend-delta``, ``budget-delta`` in [0, 1]; ``releases``,
     ``declines`` integers >= 0; ``mechanism`` one of the known mechanisms.
     """
     name = metrics.get("client-name")
@@ -139,7 +141,8 @@ def parse_metrics(
     if isinstance(declined, bool) or declined not in (0, 1):
         return f"metric 'declined' must be 0 or 1, got {_short(declined)}"
     values: dict[str, Any] = {"client-name": name, "declined": int(declined)}
-    for key in ("spend-d", "spend-epsilon", "budget-epsilon", "sigma"):
+    for key in ("spend-d", "spend-epsilon", "budget-epsilon", "sigma", "spend-record-epsilon",
+                "record-clip-final", "record-lr-final"):
         if key in metrics:
             number = _number(metrics[key])
             if number is None or number < 0:

@@ -28,11 +28,13 @@ from mechanisms import (
     NonPrivateEvent,
     PrivacyEvent,
     PrivacyLedger,
+    RecordLevelEvent,
     SignReleaseEvent,
     Spend,
     calibrate_gaussian_noise_multiplier,
     gaussian_epsilon,
 )
+from mechanisms.record_accounting import record_epsilon
 from server.ledger_view import format_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -443,7 +445,7 @@ def test_declines_are_counted_and_persisted(path: Path) -> None:
     # Assert
     assert (spend.declines, spend.releases) == (2, 0)
     assert spend.to_dict() == {"d_privacy": 0.0, "epsilon": 0.0, "delta": 0.0,
-                               "releases": 0, "declines": 2}
+                               "releases": 0, "declines": 2, "record_epsilon": 0.0}
 
 
 def test_ledger_delta_is_validated(path: Path) -> None:
@@ -462,12 +464,13 @@ def test_format_ledger_lists_events_and_totals(path: Path) -> None:
     ledger.charge(GaussianReleaseEvent(8.0), cap=None)
     ledger.charge(NeighbourhoodEvent((7850,), 5.0), cap=None, round=4)
     ledger.charge(NeighbourhoodEvent((784, 10), 4.0), cap=None, round=5)
+    ledger.charge(RecordLevelEvent(0.1, 2.0, 10, "replace-one", 2.0), cap=None, round=6)
     ledger.record_decline()
 
     # Execute
     text = format_ledger(path)
 
-    # Assert
+    # Assert: a record-level entry names its neighbouring relation.
     lines = text.splitlines()
     assert lines[0] == f"privacy ledger {path}"
     assert lines[1].split() == ["#", "time", "(UTC)", "round", "kind", "parameters", "d-cost"]
@@ -476,8 +479,11 @@ def test_format_ledger_lists_events_and_totals(path: Path) -> None:
     assert lines[4].split()[2:] == ["-", "gaussian", "z=8", "-"]
     assert lines[5].split()[2:] == ["4", "neighbourhood", "n=7850,", "ν=5", "1570"]
     assert lines[6].split()[2:] == ["5", "neighbourhood", "2", "layers,", "ν=4", "198.5"]
-    assert "releases: 5   declines: 1" in text
+    assert lines[7].split()[2:6] == ["6", "dpsgd", "replace-one,", "q=0.1,"]
+    assert "releases: 6   declines: 1" in text
     assert "d-privacy (Σ ε·r): 1769.2" in text
+    record = record_epsilon([RecordLevelEvent(0.1, 2.0, 10, "replace-one", 2.0)], DELTA)
+    assert f"record-level DP-SGD (RDP): ε = {record:.6g} at δ = 1e-05" in text
     assert f"ε = {gaussian_epsilon(8.0, 1, DELTA):.6g} at δ = 1e-05" in text
 
 

@@ -1,0 +1,196 @@
+"""Record-level DP-SGD of a torch model: per-record clipping, Gaussian noise, Poisson batches.
+
+Opacus gives the per-sample gradients (``GradSampleModule``) and the Poisson sampling of the
+device's own records (``UniformWithReplacementSampler``); the clipping strategies
+(:mod:`mechanisms.record_clipping`: fixed, Andrew et al.'s quantile, OSO-DPSGD) and the noise
+are here, because Opacus has no OSO and its optimizers draw noise from torch's generator rather
+than the device's.
+
+One step t of :func:`train_record_level` (``m`` is the public expected batch size, the request's
+``batch-size``; the device's record count is never used):
+
+1. the batch B_t: each record independently with probability q (the sampler's generator is
+   seeded from the device's noise generator: the batch is as secret as the noise);
+2. per-record gradients g_i of the per-record loss; ḡ_i = g_i·min(1, C_t/‖g_i‖);
+3. g̃_t = (Σ ḡ_i + N(0, (ν_g·C_t)² I)) / m, and θ ← θ − ρ_t·g̃_t;
+4. the strategy's extra query, on the same batch and from the same generator, then C_{t+1} and
+   ρ_{t+1} from the sanitized values alone.
+
+The trace keeps C_t, ρ_t and the energy of every gradient-noise draw, so that the release check
+(:func:`client.record_release.verify_record_release`) can test the noise against the charge.
+Only classifiers with a cross-entropy objective are supported (a per-record loss must exist).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from opacus import GradSampleModule
+from opacus.utils.uniform_sampler import UniformWithReplacementSampler
+from torch.nn import functional as F
+
+from mechanisms.record_clipping import ClipSchedule, NoiseSplit
+from tasks.base import Dataset, Params
+from tasks.device import resolve_device
+from tasks.torch_support import TorchTask, from_arrays, to_arrays
+
+__all__ = ["RecordTrace", "RecordTraining", "supports_record_level", "train_record_level"]
+
+
+def supports_record_level(task: object) -> bool:
+    """Whether ``task`` can be trained with record-level DP-SGD (a torch cross-entropy model)."""
+    return (isinstance(task, TorchTask) and task.is_classifier
+            and task.objective == "cross-entropy")
+
+
+@dataclass(frozen=True)
+class RecordTraining:
+    """The public parameters of one record-level release (all from the request and policy)."""
+
+    strategy: str
+    split: NoiseSplit
+    sampling_rate: float
+    steps: int
+    expected_batch: int
+    clip: float
+    learning_rate: float
+    target_quantile: float = 0.5
+    clip_rate: float = 2.5e-3
+    lr_rate: float = 2.5e-3
+
+
+@dataclass
+class RecordTrace:
+    """What a release did, for the release check and the public metrics.
+
+    ``clips`` and ``learning_rates`` hold C_t and ρ_t for t = 0..T (post-processing of
+    sanitized values, publishable); ``noise_energy`` and ``noise_sigma`` the ‖noise‖² and σ of
+    each step's gradient noise (kept on the device); ``dimension`` the model's size.
+    """
+
+    clips: list[float] = field(default_factory=list)
+    learning_rates: list[float] = field(default_factory=list)
+    noise_energy: list[float] = field(default_factory=list)
+    noise_sigma: list[float] = field(default_factory=list)
+    dimension: int = 0
+
+
+def train_record_level(
+    task: TorchTask, params: Params, data: Dataset, training: RecordTraining,
+    rng: np.random.Generator, *, device: str = "cpu",
+) -> tuple[Params, RecordTrace]:
+    """Train ``params`` on ``data`` with DP-SGD; return the model and its trace.
+
+    Parameters
+    ----------
+    task : TorchTask
+        A classifier with a cross-entropy objective (:func:`supports_record_level`).
+    params : list of numpy.ndarray
+        The starting model (the chosen hypothesis).
+    data : Dataset
+        The device's records.
+    training : RecordTraining
+        The public parameters of the release.
+    rng : numpy.random.Generator
+        The device's noise generator: every noise draw and the batches come from it.
+    """
+    if not supports_record_level(task):
+        raise ValueError("record-level DP-SGD needs a torch classifier with a cross-entropy loss")
+    target = resolve_device(device)
+    module = from_arrays(task.model(), params).to(target)
+    module.train()
+    names = list(module.state_dict())
+    trainable = [n for n, _ in module.named_parameters()]
+    if names != trainable:
+        raise ValueError("record-level DP-SGD needs a model whose state is its parameters")
+    sample_module = GradSampleModule(module, loss_reduction="sum")
+    x_all, y_all = task._tensors(data, target)
+    dims = sum(p.numel() for p in module.parameters())
+    schedule = ClipSchedule(training.strategy, training.clip, training.learning_rate,
+                            target_quantile=training.target_quantile,
+                            clip_rate=training.clip_rate, lr_rate=training.lr_rate)
+    trace = RecordTrace(dimension=dims)
+    generator = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
+    sampler = UniformWithReplacementSampler(num_samples=len(data),
+                                            sample_rate=training.sampling_rate,
+                                            generator=generator, steps=training.steps)
+    m = float(training.expected_batch)
+    for batch in sampler:
+        grads = _per_sample_gradients(sample_module, module, x_all, y_all, batch, dims, target)
+        norms = np.linalg.norm(grads, axis=1) if grads.size else np.zeros(0)
+        clip = schedule.clip
+        factors = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
+        clipped_sum = (grads * factors[:, None]).sum(axis=0) if grads.size else np.zeros(dims)
+        sigma = training.split.gradient * clip
+        noise = rng.standard_normal(dims) * sigma
+        trace.noise_energy.append(float(np.dot(noise, noise)))
+        trace.noise_sigma.append(sigma)
+        g_tilde = (clipped_sum + noise) / m
+        _apply_step(module, g_tilde, schedule.learning_rate)
+        if training.strategy == "quantile":
+            bits = (norms <= clip).astype(np.float64) - 0.5
+            noisy = (bits.sum() + rng.normal(0.0, training.split.secondary)) / m + 0.5
+            schedule.step_quantile(noisy)
+        elif training.strategy == "oso":
+            mask = norms > clip
+            units = (grads[mask] / norms[mask, None]).sum(axis=0) if mask.any() else np.zeros(dims)
+            q_tilde = (units + rng.standard_normal(dims) * training.split.secondary) / m
+            schedule.step_oso(g_tilde, q_tilde)
+        else:
+            schedule.step_fixed()
+    trace.clips = list(schedule.clips)
+    trace.learning_rates = list(schedule.learning_rates)
+    return to_arrays(module), trace
+
+
+def _per_sample_gradients(
+    sample_module: GradSampleModule, module: torch.nn.Module, x_all: torch.Tensor,
+    y_all: torch.Tensor, batch: list[int], dims: int, target: torch.device,
+) -> np.ndarray:
+    """Return the batch's per-record gradients, one float64 row each (none for an empty batch)."""
+    if len(batch) == 0:
+        return np.zeros((0, dims))
+    index = torch.as_tensor(batch, device=target)
+    sample_module.zero_grad(set_to_none=True)
+    for p in module.parameters():
+        p.grad_sample = None  # type: ignore[attr-defined]
+    loss = F.cross_entropy(sample_module(x_all[index]), y_all[index], reduction="sum")
+    with warnings.catch_warnings():
+        # Opacus's hooks on the first layer, whose input (the data) needs no gradient.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        loss.backward()
+    rows = [p.grad_sample.reshape(len(batch), -1)  # type: ignore[attr-defined]
+            for p in module.parameters()]
+    return torch.cat(rows, dim=1).detach().to("cpu", torch.float64).numpy()
+
+
+def _apply_step(module: torch.nn.Module, step: np.ndarray, learning_rate: float) -> None:
+    offset = 0
+    with torch.no_grad():
+        for p in module.parameters():
+            size = p.numel()
+            update = torch.as_tensor(step[offset:offset + size], dtype=p.dtype, device=p.device)
+            p.sub_(learning_rate * update.reshape(p.shape))
+            offset += size
+    if not math.isfinite(float(np.abs(step).sum())):
+        raise FloatingPointError("a DP-SGD step is not finite")
+
+
+def per_record_losses(task: TorchTask, hypotheses: list[Params], data: Dataset,
+                      *, device: str = "cpu") -> np.ndarray:
+    """Return each record's cross-entropy under each hypothesis, shape (k, records)."""
+    if not supports_record_level(task):
+        raise ValueError("per-record losses need a torch classifier with a cross-entropy loss")
+    target = resolve_device(device)
+    x, y = task._tensors(data, target)
+    rows = []
+    for params in hypotheses:
+        module = from_arrays(task.model(), params).to(target)
+        module.eval()
+        with torch.no_grad():
+            rows.append(F.cross_entropy(module(x), y, reduction="none").to("cpu").numpy())
+    return np.asarray(rows, dtype=np.float64).reshape(len(hypotheses), len(data))
