@@ -81,7 +81,7 @@ def digits_config(nu: float, k: int, seed: int, profile: str) -> dict[str, Any]:
         "eval-every": p["eval-every"],
         "patience": p["patience"],
         "seed": seed,
-        "data-seed": 0,
+        "data-seed": seed,
         "server-device": "cpu",
         **laplace_or_none(nu, calibration="neighbourhood"),
     }

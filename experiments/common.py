@@ -29,6 +29,7 @@ from mechanisms.atomic_file import write_atomic
 __all__ = [
     "DEFAULT_CACHE",
     "DEFAULT_ROOT",
+    "EXPERIMENT_RUN_CONFIG",
     "PROFILES",
     "Context",
     "FederationSpec",
@@ -43,6 +44,11 @@ DEFAULT_ROOT = Path("runs") / "experiments"
 DEFAULT_CACHE = DEFAULT_ROOT / "_runs"
 #: ``full`` follows the papers; ``quick`` finishes in minutes; ``smoke`` is the tests' own.
 PROFILES = ("full", "quick", "smoke")
+#: What every experiment's federation runs with unless its spec says otherwise: each round's
+#: devices are drawn by their names (``client-<partition-id>``), so that runs at one seed that
+#: differ only in ν, k or aggregation ask the same devices in the same rounds, and the devices,
+#: whose data, batches and seeded noise are keyed on their partition, use the same data.
+EXPERIMENT_RUN_CONFIG: dict[str, Any] = {"sample-by": "name"}
 #: Above this many parameters the hypotheses are dropped from a cached summary.json (they
 #: are 4 × 83,562 floats for the digits CNN; the experiments never read them).
 _KEEP_HYPOTHESES_UP_TO = 1000
@@ -67,12 +73,15 @@ class FederationSpec:
     supernodes: int
 
     @property
+    def config(self) -> dict[str, Any]:
+        """The run config the federation runs with: `EXPERIMENT_RUN_CONFIG`, then the overrides."""
+        return {**EXPERIMENT_RUN_CONFIG, **self.run_config}
+
+    @property
     def key(self) -> str:
         """A content hash of the run config and the SuperNode count."""
-        blob = json.dumps(
-            {"supernodes": self.supernodes, "run_config": dict(self.run_config)},
-            sort_keys=True,
-        )
+        blob = json.dumps({"supernodes": self.supernodes, "run_config": self.config},
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -174,7 +183,7 @@ class Context:
         _write_json(summary_path, summary)
         # Written last: a run directory without it is an interrupted run, launched again.
         _write_json(done, {"label": spec.label, "supernodes": spec.supernodes,
-                           "run_config": dict(spec.run_config), "wall_s": wall,
+                           "run_config": spec.config, "wall_s": wall,
                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         summary["_run_dir"] = str(directory)
         summary["_cached"] = False
@@ -202,8 +211,8 @@ class Context:
         result = launch(
             supernodes=spec.supernodes,
             simulation=True,
-            run_config=dict(spec.run_config),
-            policy=experiment_policy(spec.run_config),
+            run_config=spec.config,
+            policy=experiment_policy(spec.config),
             out_dir=directory,
             echo=echo or self.log,
             timeout=self.timeout,

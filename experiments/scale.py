@@ -89,6 +89,8 @@ def spec(users: int, rounds: int, seed: int = 0) -> FederationSpec:
     config = {
         "task": "synthetic", "num-hypotheses": 2, "mechanism": "laplace",
         "noise-multiplier": 5.0, "clients-per-round": 100, "num-rounds": rounds,
+        # One data draw for every repeat: the experiment times rounds, and a timing does not
+        # depend on which samples the users hold.
         "patience": 0, "eval-every": 1, "validation-users": 100, "seed": seed, "data-seed": 0,
     }
     return FederationSpec(f"scale users={users} repeat={seed}", config, users)

@@ -87,7 +87,7 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, int, FederationSpec
                 "patience": p["patience"],
                 "eval-every": 1,
                 "seed": seed,
-                "data-seed": 0,
+                "data-seed": seed,
                 **p.get("setting", {}),
                 **overrides,
             }
