@@ -251,9 +251,24 @@ class Context:
             "federations_reused": self.reused,
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(["python -m experiments", *sys.argv[1:]]),
+            "versions": _versions(),
             **dict(extra or {}),
         }
         _write_json(self.out / "meta.json", meta)
+
+
+def _versions() -> dict[str, str]:
+    """Return the versions of Python and of the packages the numbers depend on."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for package in ("gpfl", "flwr", "numpy", "torch", "scikit-learn", "dp-accounting"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out
 
 
 def experiment_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:
