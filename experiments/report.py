@@ -71,6 +71,13 @@ patience of 6 does not under ν = 5, so it is 40 there).
 (RDP), stricter than 002's per-round budgets. d-privacy spend is Σ ε·r as in 001.
 """),
     flow("""
+- **Seeds and pairing.** A seed fixes a federation's data draw (`data-seed` = `seed`, except where
+a section says otherwise), its initial hypotheses, its training order and its devices' seeded
+noise; each round's devices are drawn by their names, so runs at one seed that differ in ν, k or
+aggregation ask the same devices in the same rounds. A paired difference removes all of that;
+an interval over seeds covers the data as well as the noise.
+"""),
+    flow("""
 - **Delivered model.** Accuracies and fairness gaps are those of the best validation round
 (the hypotheses a run delivers), each validation user scored with the hypothesis that fits it
 best (001's Eq. 15); personalized-budgets reports the final model after R rounds, as 002 does.
@@ -297,9 +304,5 @@ def _differences() -> list[str]:
     return [
         "## What differs from the papers, and why (summary)",
         "",
-        _DIFFERENCES[0],
-        _DIFFERENCES[1],
-        _DIFFERENCES[2],
-        _DIFFERENCES[3],
-        _DIFFERENCES[4],
+        *_DIFFERENCES,
     ]
