@@ -189,8 +189,8 @@ Rounds per minute are measured between the first and the last round's log line; 
 two-sided 95 % Student-t interval over the repeats (seeds 0-4). A machine with more cores
 runs more Ray workers at once. The same shape side by side with
 Flower's own FedAvg, one command, and where the round's time goes (profiled):
-[BENCHMARKS.md](BENCHMARKS.md), "Scale against Flower's FedAvg, side by side" (gpfl 0.97× FedAvg's
-round time, ranges overlapping).
+[BENCHMARKS.md](BENCHMARKS.md), "Scale against Flower's FedAvg, side by side" (the two round
+times compared, with the command that measures them).
 """)
 
 
