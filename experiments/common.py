@@ -128,6 +128,8 @@ class Context:
     stream: TextIO | None = None
     launched: int = field(default=0, init=False)
     reused: int = field(default=0, init=False)
+    #: Seconds the federations run or reused by this invocation took when they ran.
+    federation_s: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -173,12 +175,15 @@ class Context:
             self.reused += 1
             with open(summary_path, encoding="utf-8") as fh:
                 summary: dict[str, Any] = json.load(fh)
+            with open(done, encoding="utf-8") as fh:
+                self.federation_s += float(json.load(fh).get("wall_s", 0.0))
             summary["_run_dir"] = str(directory)
             summary["_cached"] = True
             return summary
         started = time.monotonic()
         full = self.launch(spec)
         wall = time.monotonic() - started
+        self.federation_s += wall
         summary = compact_summary(full)
         _write_json(summary_path, summary)
         # Written last: a run directory without it is an interrupted run, launched again.
@@ -249,6 +254,7 @@ class Context:
             **compute,
             "federations_launched": self.launched,
             "federations_reused": self.reused,
+            "federations_s": round(self.federation_s, 1),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(["python -m experiments", *sys.argv[1:]]),
             "versions": _versions(),

@@ -154,6 +154,8 @@ def _profile_note(meta: dict[str, Any]) -> str:
     note = (f"*Profile **{profile}**, finished {when}; this run took "
             f"{fmt(runtime, 4) if runtime is not None else '?'} s "
             f"({launched} federations launched, {reused} reused from the cache)")
+    if meta.get("federations_s"):
+        note += f"; its federations took {fmt(float(meta['federations_s']), 4)} s when they ran"
     if "compute_s" in meta and meta.get("compute_finished") != when:
         note += (f"; the federations were run by the invocation that finished "
                  f"{meta.get('compute_finished', '?')}, in {fmt(_compute_s(meta), 4)} s")
