@@ -21,7 +21,8 @@ The key is
     its own name and the seed is in the run config, so a device could search for a name drawn
     more often than its share: use it where the server trusts the devices' names (its own
     devices, a simulation). A node that does not answer, answers no valid name, or announces a
-    name another node announced too is keyed by its node id.
+    name another node announced too is keyed by its node id; the nodes are asked at once, so a
+    silent one delays the round it joins by the query's timeout (the round timeout), once.
 """
 
 from __future__ import annotations
