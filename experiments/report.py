@@ -140,8 +140,12 @@ def _figures(raw: Path, name: str) -> list[str]:
 
 
 def _compute_s(meta: dict[str, Any]) -> float | None:
-    """Seconds of the last invocation that ran federations (older metas: the last one's)."""
-    value = meta.get("compute_s", meta.get("runtime_s"))
+    """Return the seconds the experiment's federations took when they ran.
+
+    Without that record: those of the last invocation that ran federations (older metas: the
+    last one's).
+    """
+    value = meta.get("federations_s") or meta.get("compute_s", meta.get("runtime_s"))
     return None if value is None else float(value)
 
 
