@@ -164,6 +164,14 @@ class GpflClient(NumPyClient):
         """Return nothing: the server initialises the hypotheses."""
         return []
 
+    def get_properties(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Announce the device's ``client-name`` (what every reply of it carries anyway).
+
+        A server that samples by name (``sample-by = "name"``) asks it before the device's
+        first round; nothing else is said, nothing is charged.
+        """
+        return {"client-name": self.policy.client_name}
+
     def _decline(self, reason: str, by: str, spend: Spend | None) -> tuple[Arrays, int, dict]:
         metrics: dict[str, Any] = {
             "client-name": self.policy.client_name,

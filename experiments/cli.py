@@ -84,7 +84,10 @@ def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
                   data_path=data_path, timeout=timeout, stream=stream)
     started = time.monotonic()
     rows = run(experiment, ctx)
-    ctx.write_meta(started, {"rows": len(rows)})
+    # Each federation's run config, as launched (the seeds, ν, k... are also the rows' keys).
+    configs = {cell.label: {"supernodes": cell.spec.supernodes, **cell.spec.config}
+               for cell in experiment.grid(ctx) if cell.spec is not None}
+    ctx.write_meta(started, {"rows": len(rows), "run_configs": configs})
     print(f"{name}: {len(rows)} rows in {out / 'results.csv'}, figures in {out / 'figures'} "
           f"({time.monotonic() - started:.0f} s; {ctx.launched} federations run, "
           f"{ctx.reused} reused)", file=stream or sys.stdout, flush=True)

@@ -29,6 +29,7 @@ from mechanisms.atomic_file import write_atomic
 __all__ = [
     "DEFAULT_CACHE",
     "DEFAULT_ROOT",
+    "EXPERIMENT_RUN_CONFIG",
     "PROFILES",
     "Context",
     "FederationSpec",
@@ -43,6 +44,11 @@ DEFAULT_ROOT = Path("runs") / "experiments"
 DEFAULT_CACHE = DEFAULT_ROOT / "_runs"
 #: ``full`` follows the papers; ``quick`` finishes in minutes; ``smoke`` is the tests' own.
 PROFILES = ("full", "quick", "smoke")
+#: What every experiment's federation runs with unless its spec says otherwise: each round's
+#: devices are drawn by their names (``client-<partition-id>``), so that runs at one seed that
+#: differ only in ν, k or aggregation ask the same devices in the same rounds, and the devices,
+#: whose data, batches and seeded noise are keyed on their partition, use the same data.
+EXPERIMENT_RUN_CONFIG: dict[str, Any] = {"sample-by": "name"}
 #: Above this many parameters the hypotheses are dropped from a cached summary.json (they
 #: are 4 × 83,562 floats for the digits CNN; the experiments never read them).
 _KEEP_HYPOTHESES_UP_TO = 1000
@@ -67,12 +73,15 @@ class FederationSpec:
     supernodes: int
 
     @property
+    def config(self) -> dict[str, Any]:
+        """The run config the federation runs with: `EXPERIMENT_RUN_CONFIG`, then the overrides."""
+        return {**EXPERIMENT_RUN_CONFIG, **self.run_config}
+
+    @property
     def key(self) -> str:
         """A content hash of the run config and the SuperNode count."""
-        blob = json.dumps(
-            {"supernodes": self.supernodes, "run_config": dict(self.run_config)},
-            sort_keys=True,
-        )
+        blob = json.dumps({"supernodes": self.supernodes, "run_config": self.config},
+                          sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
     @property
@@ -119,6 +128,8 @@ class Context:
     stream: TextIO | None = None
     launched: int = field(default=0, init=False)
     reused: int = field(default=0, init=False)
+    #: Seconds the federations run or reused by this invocation took when they ran.
+    federation_s: float = field(default=0.0, init=False)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -164,17 +175,20 @@ class Context:
             self.reused += 1
             with open(summary_path, encoding="utf-8") as fh:
                 summary: dict[str, Any] = json.load(fh)
+            with open(done, encoding="utf-8") as fh:
+                self.federation_s += float(json.load(fh).get("wall_s", 0.0))
             summary["_run_dir"] = str(directory)
             summary["_cached"] = True
             return summary
         started = time.monotonic()
         full = self.launch(spec)
         wall = time.monotonic() - started
+        self.federation_s += wall
         summary = compact_summary(full)
         _write_json(summary_path, summary)
         # Written last: a run directory without it is an interrupted run, launched again.
         _write_json(done, {"label": spec.label, "supernodes": spec.supernodes,
-                           "run_config": dict(spec.run_config), "wall_s": wall,
+                           "run_config": spec.config, "wall_s": wall,
                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         summary["_run_dir"] = str(directory)
         summary["_cached"] = False
@@ -202,8 +216,8 @@ class Context:
         result = launch(
             supernodes=spec.supernodes,
             simulation=True,
-            run_config=dict(spec.run_config),
-            policy=experiment_policy(spec.run_config),
+            run_config=spec.config,
+            policy=experiment_policy(spec.config),
             out_dir=directory,
             echo=echo or self.log,
             timeout=self.timeout,
@@ -240,11 +254,27 @@ class Context:
             **compute,
             "federations_launched": self.launched,
             "federations_reused": self.reused,
+            "federations_s": round(self.federation_s, 1),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(["python -m experiments", *sys.argv[1:]]),
+            "versions": _versions(),
             **dict(extra or {}),
         }
         _write_json(self.out / "meta.json", meta)
+
+
+def _versions() -> dict[str, str]:
+    """Return the versions of Python and of the packages the numbers depend on."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for package in ("gpfl", "flwr", "numpy", "torch", "scikit-learn", "dp-accounting"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    return out
 
 
 def experiment_policy(run_config: Mapping[str, Any]) -> dict[str, Any]:

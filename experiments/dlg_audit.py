@@ -61,6 +61,7 @@ from experiments.dlg import (
     one_thread,
 )
 from experiments.dlg_report import (
+    PSNR_CAP_DB,
     STRONGEST,
     plot,
     report_section,
@@ -236,14 +237,14 @@ def strongest(mode: str, nu: float, images: tuple[int, ...], names: tuple[str, .
 
     Ties go to the highest mean PSNR.
 
-    PSNR is capped at 100 dB for this choice: above it every attack has reconstructed the
+    PSNR is capped at `PSNR_CAP_DB` for this choice: above it every attack has reconstructed the
     image to rounding. Cached: every image's "strongest" row of a (mode, ν) asks.
     """
     def key(name: str) -> tuple[float, float]:
         rows = [scores(r.truth, r.label, r.reconstructions[name].image)
                 for r in (attacked(image, nu, mode, names, effort) for image in images)]
         return (float(np.mean([row["recognised"] for row in rows])),
-                float(np.mean([min(float(row["psnr"]), 100.0) for row in rows])))
+                float(np.mean([min(float(row["psnr"]), PSNR_CAP_DB) for row in rows])))
 
     return max(names, key=key)
 

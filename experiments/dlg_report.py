@@ -60,11 +60,17 @@ def attacks_of(rows: Sequence[Mapping[str, str]]) -> list[str]:
     return [name for name in (*ATTACKS, STRONGEST) if name in present]
 
 
+#: The PSNR (dB) a gain, a plotted mean and the choice of the strongest attack count at most: an
+#: exact reconstruction has an infinite PSNR, a near-exact one a very large, meaningless one.
+PSNR_CAP_DB = 100.0
+
+
 @dataclass(frozen=True)
 class Summary:
     """One (mode, ν, attack) over the images: each score's (mean, 95 % half-width, n).
 
-    ``gain`` is the PSNR above the class mean's, paired by image; ``label`` the label
+    ``gain`` is the PSNR (capped at `PSNR_CAP_DB`) above the class mean's, paired by image;
+    ``label`` the label
     recovered (iDLG's read, the same for every attack but DLG).
     """
 
@@ -80,7 +86,7 @@ def summarise(rows: Sequence[Mapping[str, str]], *, mode: str, nu: float, attack
     out = {key: interval(_values(sel, key))
            for key in ("mse", "psnr", "ssim", "recognised", "closer_than_class_mean",
                        "label_recovered", "class_mean_psnr", "class_mean_ssim")}
-    gain = paired_difference({r["image"]: min(float(r["psnr"]), 100.0) for r in sel},
+    gain = paired_difference({r["image"]: min(float(r["psnr"]), PSNR_CAP_DB) for r in sel},
                              {r["image"]: float(r["class_mean_psnr"]) for r in sel})
     picked = ", ".join(dict.fromkeys(r["picked"] for r in sel if r["picked"]))
     return Summary(out, gain, picked)
@@ -180,7 +186,10 @@ def _cell(value: tuple[float, float, int], digits: int = 2) -> str:
 
 def strongest_table(rows: Sequence[Mapping[str, str]], mode: str) -> list[str]:
     """Markdown lines: per ν, the strongest attack's scores (mean ± 95 % half-width)."""
-    lines = ["| ν | strongest attack | recognised | PSNR (dB) | PSNR − class mean's (dB) | "
+    lines = [f"PSNR − class mean's: each image's PSNR capped at {PSNR_CAP_DB:g} dB (an exact "
+             "reconstruction's is infinite), minus the class mean's, paired by image; the PSNR "
+             "column is not capped.", "",
+             "| ν | strongest attack | recognised | PSNR (dB) | PSNR − class mean's (dB) | "
              "SSIM | closer than class mean | label read | images |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     reference = None
@@ -221,7 +230,7 @@ def attacks_table(rows: Sequence[Mapping[str, str]], mode: str) -> list[str]:
 
 def _band(ax: Any, xs: list[float], stats_: list[tuple[float, float, int]], label: str, *,
           bounds: tuple[float, float], **style: Any) -> None:
-    means = np.array([min(m, 100.0) for m, _, _ in stats_])
+    means = np.array([min(m, PSNR_CAP_DB) for m, _, _ in stats_])
     halves = np.array([0.0 if not math.isfinite(h) else h for _, h, _ in stats_])
     ax.plot(xs, means, marker="o", label=label, **style)
     ax.fill_between(xs, np.clip(means - halves, *bounds), np.clip(means + halves, *bounds),
@@ -247,9 +256,10 @@ def plot(rows: list[dict[str, str]], path: Path) -> Path:
             ax = axes[m][col]
             for name in names:
                 xs, ys = series(name, key)
-                ax.plot(xs, [min(y[0], 100.0) for y in ys], lw=0.8, alpha=0.6, label=name)
+                ax.plot(xs, [min(y[0], PSNR_CAP_DB) for y in ys], lw=0.8, alpha=0.6, label=name)
             xs, ys = series(STRONGEST, key)
-            bounds = {"recognised": (0.0, 1.0), "psnr": (0.0, 100.0), "ssim": (-1.0, 1.0)}[key]
+            bounds = {"recognised": (0.0, 1.0), "psnr": (0.0, PSNR_CAP_DB),
+                      "ssim": (-1.0, 1.0)}[key]
             _band(ax, xs, ys, "strongest (95 % CI)", bounds=bounds, color="black")
             if key == "recognised":
                 ax.axhline(CHANCE, color="grey", ls=":", label="chance")

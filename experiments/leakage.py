@@ -65,7 +65,7 @@ def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]
                     "validation-users": 200, "num-hypotheses": k,
                     "clients-per-round": min(100, users), "local-epochs": 1,
                     "learning-rate": 0.05, "batch-size": 10, "num-rounds": p["num-rounds"],
-                    "patience": p["patience"], "eval-every": 1, "seed": seed, "data-seed": 0,
+                    "patience": p["patience"], "eval-every": 1, "seed": seed, "data-seed": seed,
                     "server-device": "cpu", **laplace_or_none(nu),
                 }
                 out.append((nu, k, seed, FederationSpec(f"hospital nu={nu:g} k={k} seed={seed}",

@@ -179,7 +179,7 @@ def specs(profile: str, seeds: list[int]
                 config: dict[str, Any] = {
                     **spec["config"], "num-hypotheses": 1,
                     "clients-per-round": spec["users"], "aggregation": agg,
-                    "patience": 0, "eval-every": 1, "seed": seed, "data-seed": 0,
+                    "patience": 0, "eval-every": 1, "seed": seed, "data-seed": seed,
                 }
                 if setting == "no noise":
                     if accounting != p["accountings"][0]:

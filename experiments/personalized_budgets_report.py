@@ -123,17 +123,17 @@ _TEXT_2 = flow("""
 **Ours** (accuracy of the final model after R = 10 rounds, as 002 reports it; mean ± half-width
 of the two-sided 95 % Student-t interval over seeds, (seeds); `composed`: ε_i is the client's
 total over the run, our semantics; `per-round`: ε_i per release, 002's reading, with the total
-the ledgers report in the last column). **The budgets are not 002's.** At 002's own budgets
-(ε = (1, 1, 10) on IID data, (5×5, 15×5) with the sign mechanism) the arithmetic mean A stayed
-at chance on our 30 users (0.08-0.24 on ten classes in earlier runs), where no aggregation can
-show an effect. The rows below use the smallest scale of 002's patterns (of ×2, ×5, ×10 tried
-in a simulation of the panel) at which A learns: per release ×10 (IID, Gaussian) and ×4 (non-IID,
-sign); in the `composed` reading, the totals those per-release budgets come to over the
-R = 10 releases (ε = 10 composes to 52.6 at δ = 1/500, ε = 20 to 102 at δ = 10⁻⁵), so both
-readings put about the same noise on every release and differ only in what ε_i means. At such
-budgets the formal guarantee is void (a composed ε of 50 bounds nothing); they are here to test
-002's aggregation claim, not as a privacy setting. 002 compares B with A on its Gaussian panels
-only; the sign panel runs A and C.
+the ledgers report in the last column). **The budgets are not 002's.** 002's own budgets
+(ε = (1, 1, 10) on IID data, (5×5, 15×5) with the sign mechanism) are untested in this quick
+profile (the full profile runs them). The rows below scale 002's patterns per release by ×10
+(IID, Gaussian) and ×4 (non-IID, sign); the `composed` rows give each client a total budget
+near what those per-release budgets compose to over the R = 10 releases. The two readings put
+the same noise on a release only where the `composed` total equals the composed value of the
+`per-round` budget (the ledgers' totals, last column of the `per-round` rows); where it is
+lower, the `composed` rows carry more noise. At such budgets the formal guarantee is void (a
+composed ε in the tens bounds nothing); they are here to test 002's aggregation claim, not as
+a privacy setting. 002 runs A, B and C on its non-IID panels as on its IID ones; the sign
+panel here runs A and C only, so B on non-IID data is untested here.
 """)
 _TEXT_3 = flow("""
 **Differences.** (1) Accounting: 002 calibrates each round's noise to (ε_i, δ_i) and states no

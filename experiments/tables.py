@@ -125,7 +125,7 @@ def mean_ci(values: Iterable[float | None], level: float = CI_LEVEL) -> tuple[fl
 
     The interval is mean ± t_{(1+level)/2, n-1} · s / √n, s the sample standard deviation: it
     assumes the seeds' values are independent draws of a roughly normal quantity, which is
-    what a seed buys (fresh noise, sampling and initialisation on the same data). The
+    what a seed buys (its own data draw, noise, sampling and initialisation). The
     half-width is NaN for fewer than two values (no interval can be given) and 0 when every
     value is the same.
     """
@@ -160,9 +160,9 @@ def paired_difference(a: Mapping[Any, float], b: Mapping[Any, float],
                       level: float = CI_LEVEL) -> tuple[float, float, int]:
     """`mean_ci` of a − b over the keys (seeds) both have finite values for.
 
-    Pairing by seed removes what two settings share on one seed (the data split, the
-    sampling order), so the interval of a difference is narrower than the two intervals
-    side by side suggest.
+    Pairing by seed removes what two settings share on one seed (the data draw, the devices
+    asked each round: experiments draw them by name, see `experiments.common`), so the
+    interval of a difference is narrower than the two intervals side by side suggest.
     """
     keys = [k for k in a if k in b and math.isfinite(a[k]) and math.isfinite(b[k])]
     return mean_ci([a[k] - b[k] for k in keys], level)

@@ -42,6 +42,7 @@ from server.settings import RunSettings
 from settings import parse_optima
 from strategies import ClusteredStrategy, NormLimits
 from strategies.clustering import load_kmeans
+from strategies.device_keys import DeviceKeys
 from tasks import load_task
 
 logger = logging.getLogger(__name__)
@@ -186,6 +187,8 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         eval_every=settings.eval_every,
         patience=settings.patience,
         rng=rng,
+        device_keys=DeviceKeys(settings.seed, settings.values["sample-by"],
+                               timeout=settings.round_timeout),
         on_round=recorder.on_round,
         on_stop=recorder.on_stop,
         keep_released=task.num_parameters <= 10,

@@ -193,7 +193,7 @@ def history_entry(record: Any) -> dict[str, Any]:
         "sampled": getattr(record, "sampled", 0),
         "missing": list(getattr(record, "missing", [])),
         "failed": [list(f) for f in getattr(record, "failed", [])],
-        "kept": getattr(record, "kept", None),
+        "kept": getattr(record, "kept", None), "asked": list(getattr(record, "asked", [])),
     }
     if record.released is not None:
         entry["released"] = record.released

@@ -156,6 +156,11 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("seed", int, -1,
             "server-side randomness (sampling, initial hypotheses, client batch order); "
             "-1 = OS entropy; never the privacy noise", minimum=-1),
+    Setting("sample-by", str, "node",
+            "what keys each round's draw of devices, with the seed and the round: \"node\" "
+            "(the node id the SuperLink assigns) or \"name\" (the client-name each device "
+            "announces when asked: runs at one seed ask the same devices; for federations "
+            "whose names the server trusts)", choices=("node", "name")),
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
     # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
     # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an

@@ -42,6 +42,7 @@ from flwr.server.client_proxy import ClientProxy
 from settings import SETTINGS
 from settings.rules import check_sign_single_model
 from strategies.aggregation import check_aggregation, sign_step
+from strategies.device_keys import DeviceKeys
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen, pushed_away
 from strategies.norms import NormLimits
@@ -103,11 +104,12 @@ class ClusteredStrategy(RecordedStrategy):
         Validate after every ``eval_every``-th round (and always in round 0).
     patience : int
         Stop after this many consecutive validations without a new best loss (0 = never).
-        Each run setting's default is its declaration's (``docs/SETTINGS.md``).
     fit_config : dict, optional
         Extra entries sent in every ``FitIns.config``.
     rng : np.random.Generator, optional
-        Drives client sampling and the ``probability`` aggregation; default: seeded by the OS.
+        Drives the ``probability`` aggregation (and seeds the draw without ``device_keys``).
+    device_keys : DeviceKeys, optional
+        Keys each round's draw of devices (:mod:`strategies.device_keys`); default: node ids.
     on_round : callable, optional
         Called with each :class:`RoundRecord` as soon as it is complete.
     on_stop : callable, optional
@@ -149,7 +151,7 @@ class ClusteredStrategy(RecordedStrategy):
         eval_every: int = _DEFAULTS["eval-every"],
         patience: int = _DEFAULTS["patience"],
         fit_config: Mapping[str, Scalar] | None = None,
-        rng: np.random.Generator | None = None,
+        rng: np.random.Generator | None = None, device_keys: DeviceKeys | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
         on_stop: Callable[[str], None] | None = None,
         keep_released: bool = False,
@@ -189,6 +191,7 @@ class ClusteredStrategy(RecordedStrategy):
         self._fit_config: dict[str, Scalar] = fit_config
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
+        self.device_keys = device_keys or DeviceKeys(int(self._rng.integers(2**62)))
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
         self._screen = ReplyScreen(self._shapes, release=release,
                                    need_sigma=self.aggregation != "mean", limits=limits)
@@ -199,7 +202,7 @@ class ClusteredStrategy(RecordedStrategy):
         # reference to the best one costs nothing.
         self._best_flat = self._flat
         self._client_manager: ClientManager | None = None
-        self._sampled: tuple[int, list[str]] = (-1, [])
+        self._sampled: tuple[int, list[str], list[str]] = (-1, [], [])  # round, ids, keys
         self._forming = True  # the first configure_fit of this process: devices still joining
 
     def __repr__(self) -> str:
@@ -247,8 +250,8 @@ class ClusteredStrategy(RecordedStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Sample up to ``clients_per_round`` connected clients and send them the hypotheses.
 
-        Sampling is without replacement, uniform, with the strategy's rng over the connected
-        node ids in sorted order (:func:`strategies.sampling.sample_devices`). Waits at most
+        Sampling is without replacement, uniform, keyed on the seed, the round and the devices'
+        keys (:func:`strategies.sampling.sample_devices`). Waits at most
         ``round_timeout`` for clients to connect (see the class notes). Returns no clients
         after an early stop, or when fewer than ``min_replies`` are connected: the run then
         stops, with ``incomplete_reason`` saying so.
@@ -260,28 +263,24 @@ class ClusteredStrategy(RecordedStrategy):
         available, chosen = sample_devices(
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
             min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
-            records=self.clients)
+            records=self.clients, keys=self.device_keys)
         self._forming = False
         if not chosen:
             self.incomplete_reason = (
                 f"round {t}: too few devices: {len(available)} connected, "
                 f"{len(responsive(available, self.clients))} answered their last round, "
-                f"min-replies={self.min_replies}"
-            )
+                f"min-replies={self.min_replies}")
             _LOG.error("%s; the run stops here (resume it once devices are back)",
                        self.incomplete_reason)
             if self._on_stop is not None:
                 self._on_stop(self.incomplete_reason)
             return []
-        config: dict[str, Scalar] = {
-            "num-hypotheses": self.num_hypotheses,
-            "server-round": t,
-            **self._fit_config,
-        }
+        config: dict[str, Scalar] = {"num-hypotheses": self.num_hypotheses, "server-round": t,
+                                     **self._fit_config}
         fit_ins = FitIns(parameters=parameters, config=config)
         for cid in chosen:
             self._client(cid).sampled += 1
-        self._sampled = (t, chosen)
+        self._sampled = (t, chosen, [self.device_keys.current.get(c, f"node:{c}") for c in chosen])
         return [(TracedProxy(available[cid]), fit_ins) for cid in chosen]
 
     def aggregate_fit(
@@ -347,7 +346,7 @@ class ClusteredStrategy(RecordedStrategy):
             missing=intake.missing,
             failed=intake.failed,
             kept=kept,
-            sampled=len(sampled),
+            sampled=len(sampled), asked=self._sampled[2] if sampled else [],
         )
         metrics: dict[str, Scalar] = {
             "replies": m,

@@ -21,7 +21,7 @@ import logging
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,6 +58,7 @@ class RoundResult:
     failed: list[tuple[str, str]]
     kept: str | None
     sampled: int
+    asked: list[str] = field(default_factory=list)
 
 
 class RecordedStrategy(Strategy):

@@ -50,6 +50,9 @@ class RoundRecord:
         Why the hypotheses were kept unchanged this round (too few usable replies), if they were.
     sampled : int
         Devices sent the hypotheses this round.
+    asked : list of str
+        Their keys in the draw, in the order drawn: ``name:<client-name>`` (``sample-by =
+        "name"``) or ``node:<node id>`` (:mod:`strategies.device_keys`).
     """
 
     round: int
@@ -66,6 +69,7 @@ class RoundRecord:
     failed: list[tuple[str, str]] = field(default_factory=list)
     kept: str | None = None
     sampled: int = 0
+    asked: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Return the record as plain JSON-serialisable Python values (copies, not views)."""
@@ -77,6 +81,7 @@ class RoundRecord:
         out["dropped"] = [list(pair) for pair in self.dropped]
         out["failed"] = [list(pair) for pair in self.failed]
         out["missing"] = list(self.missing)
+        out["asked"] = list(self.asked)
         if self.released is not None:
             out["released"] = [list(vector) for vector in self.released]
         if self.labels is not None:

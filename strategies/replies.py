@@ -61,7 +61,9 @@ MAX_TEXT = 500
 #: version is at most one alignment block longer.
 _HEADER_SLACK = 64
 
-_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+#: The form of a ``client-name``.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+_NAME = NAME_PATTERN
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """Which devices a round asks: wait for the federation to form, then sample uniformly.
 
-Sampling uses the strategy's own rng over the connected node ids in sorted order, so a fixed
-seed gives the same devices whatever order they connected in, and Flower's ``random``-based
-``ClientManager.sample`` is never used.
+The draw is keyed on the seed, the round and each device's key
+(:class:`strategies.device_keys.DeviceKeys`: its node id, or the name it announced), so a fixed
+seed gives the same devices whatever order they connected in and whatever else the strategy
+drew; Flower's ``random``-based ``ClientManager.sample`` is never used. Without keys (unit
+tests of the waiting), one ``rng.choice`` over the sorted node ids draws it.
 
 Every device asked charges its ledger before it answers, so a round the server can tell in
 advance it would discard is not started. A dead device stays registered at the SuperLink for
@@ -34,6 +36,7 @@ import numpy as np
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from strategies.device_keys import DeviceKeys
 from strategies.records import ClientRecord
 
 __all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "responsive", "rests",
@@ -108,6 +111,7 @@ def sample_devices(
     round_timeout: float,
     forming: bool,
     records: Mapping[str, ClientRecord] | None = None,
+    keys: DeviceKeys | None = None,
 ) -> tuple[dict[str, ClientProxy], list[str]]:
     """Wait for enough connected devices, then sample up to ``clients_per_round`` of them.
 
@@ -116,7 +120,8 @@ def sample_devices(
     client_manager : ClientManager
         Flower's view of the connected devices.
     rng : np.random.Generator
-        Draws the sample: one ``rng.choice`` call, and none when too few devices are connected.
+        Draws the sample when no ``keys`` are given: one ``rng.choice`` call, and none when too
+        few devices are connected.
     server_round : int
         The run's round, for log lines.
     clients_per_round : int
@@ -131,6 +136,8 @@ def sample_devices(
     records : mapping of str to ClientRecord, optional
         What the strategy knows of each node: the quorum counts only responsive devices and
         resting ones are not sampled (see the module notes).
+    keys : DeviceKeys, optional
+        Draws the sample by the devices' keys (``rng`` is then not used); None: ``rng``.
 
     Returns
     -------
@@ -178,4 +185,9 @@ def sample_devices(
     if size < clients_per_round:
         _LOG.info("round %d: sampling %d devices, fewer than clients-per-round=%d: only %d "
                   "are connected and not resting", t, size, clients_per_round, len(cids))
+    if keys is not None:
+        # Every connected device gets its key (duplicate names are told apart among all of
+        # them); the resting ones are then left out of the draw.
+        keyed = keys.keys(available, t)
+        return available, keys.draw({cid: keyed[cid] for cid in cids}, t, size)
     return available, [cids[i] for i in rng.choice(len(cids), size=size, replace=False)]

@@ -72,7 +72,9 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
     assert first["_cached"] is False and second["_cached"] is True
     assert (ctx.launched, ctx.reused) == (1, 1)
     done = json.loads((ctx.run_dir(spec) / "done.json").read_text())
-    assert done["run_config"] == {"task": "synthetic", "seed": 0}
+    # The run config as launched: the experiments' draw by name, then the spec's own.
+    assert done["run_config"] == {"sample-by": "name", "task": "synthetic", "seed": 0}
+    assert fake.calls[0]["run_config"]["sample-by"] == "name"
     fresh = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", fresh=True)
     fresh.run(spec)
     assert len(fake.calls) == 2

@@ -1,0 +1,138 @@
+"""Each round's draw of devices, keyed on the seed, the round and something stable per device.
+
+A round asks the ``clients_per_round`` devices whose *priority* is lowest, the priority of a
+device being a uniform number hashed from ``(seed, round, key)``: a uniform sample without
+replacement ("bottom-k" sampling), which depends on nothing else. Two runs at one seed that
+differ only in ν, k or aggregation therefore ask the same devices every round as long as their
+devices have the same keys, whatever the strategy's other randomness did (k-means, initial
+hypotheses), and a device that leaves or rests changes no one else's draw.
+
+The key is
+
+``"node"`` (``sample-by = "node"``, the default)
+    the node id: the SuperLink assigns it, at random, so no device can choose its own chances;
+    but it differs between runs (the Simulation Engine draws new ids each run), so runs at one
+    seed ask different devices.
+``"name"`` (``sample-by = "name"``)
+    the ``client-name`` each device announces when the server asks its properties (once per
+    node, before the node is first drawn): stable across runs (a simulated device is
+    ``client-<partition-id>``), so runs at one seed ask the same devices and, the devices'
+    data and training being keyed on their partition, give them the same data. A device picks
+    its own name and the seed is in the run config, so a device could search for a name drawn
+    more often than its share: use it where the server trusts the devices' names (its own
+    devices, a simulation). A node that does not answer, answers no valid name, or announces a
+    name another node announced too is keyed by its node id; the nodes are asked at once, so a
+    silent one delays the round it joins by the query's timeout (the round timeout), once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from flwr.common import GetPropertiesIns
+from flwr.server.client_proxy import ClientProxy
+
+from strategies.replies import MAX_NAME, NAME_PATTERN
+
+__all__ = ["SAMPLE_BY", "DeviceKeys", "draw_priority", "lowest_priorities"]
+
+_LOG = logging.getLogger(__name__)
+
+#: What ``sample-by`` may say.
+SAMPLE_BY = ("node", "name")
+#: The most seconds the properties query waits for a node's name.
+NAME_QUERY_TIMEOUT_S = 30.0
+
+
+def draw_priority(seed: int, server_round: int, key: str) -> float:
+    """Return the uniform number in [0, 1) that ranks device ``key`` in round ``server_round``.
+
+    The first 64 bits of SHA-256 over the three, as a fraction of 2^64: the same on every
+    platform and Python version (unlike ``hash``), and independent between keys and rounds.
+    """
+    digest = hashlib.sha256(f"{int(seed)}|{int(server_round)}|{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def lowest_priorities(keys: Mapping[str, str], seed: int, server_round: int,
+                      size: int) -> list[str]:
+    """Return the ``size`` node ids whose keys have the lowest priorities, lowest first.
+
+    Ties (two nodes with one key cannot occur: duplicates are keyed by node id) are broken by
+    the node id, so the result never depends on the mapping's order.
+    """
+    ranked = sorted(keys, key=lambda cid: (draw_priority(seed, server_round, keys[cid]), cid))
+    return ranked[:size]
+
+
+class DeviceKeys:
+    """What keys each device in the draw: its node id, or the name it announced.
+
+    Parameters
+    ----------
+    seed : int or None
+        The run's seed; None draws a secret one (the draw is then not reproducible).
+    by : str
+        ``"node"`` or ``"name"`` (see the module notes).
+    timeout : float
+        The most seconds a properties query waits (``"name"`` only).
+    """
+
+    def __init__(self, seed: int | None = None, by: str = "node",
+                 timeout: float = NAME_QUERY_TIMEOUT_S) -> None:
+        if by not in SAMPLE_BY:
+            raise ValueError(f"sample-by must be one of {', '.join(SAMPLE_BY)}, got "
+                             f"sample-by={by!r}")
+        self.seed = int(seed) if seed is not None else secrets.randbits(63)
+        self.by = by
+        self.timeout = float(timeout)
+        #: node id -> the name it announced ("" when it announced none).
+        self.announced: dict[str, str] = {}
+        #: node id -> its key in the last draw.
+        self.current: dict[str, str] = {}
+
+    def keys(self, available: Mapping[str, ClientProxy], server_round: int) -> dict[str, str]:
+        """Return each available node's key: ``name:<client-name>`` or ``node:<node id>``."""
+        if self.by == "name":
+            self._ask([cid for cid in available if cid not in self.announced], available,
+                      server_round)
+        names = {cid: self.announced.get(cid, "") for cid in available}
+        counts: dict[str, int] = {}
+        for name in names.values():
+            counts[name] = counts.get(name, 0) + 1
+        self.current = {cid: f"name:{name}" if name and counts[name] == 1 else f"node:{cid}"
+                        for cid, name in names.items()}
+        return dict(self.current)
+
+    def draw(self, keys: Mapping[str, str], server_round: int, size: int) -> list[str]:
+        """Return the ``size`` node ids drawn in ``server_round`` (see `lowest_priorities`)."""
+        return lowest_priorities(keys, self.seed, server_round, size)
+
+    def _ask(self, cids: Sequence[str], available: Mapping[str, ClientProxy],
+             server_round: int) -> None:
+        """Ask ``cids`` their names at once (each query waits on the network only)."""
+        if not cids:
+            return
+        with ThreadPoolExecutor(max_workers=min(len(cids), 64)) as pool:
+            names = list(pool.map(lambda cid: self._name_of(available[cid], server_round), cids))
+        self.announced.update(zip(cids, names, strict=True))
+        unnamed = sum(1 for name in names if not name)
+        if unnamed:
+            _LOG.warning("round %d: %d of %d devices announced no valid client-name; they are "
+                         "drawn by node id", server_round, unnamed, len(cids))
+
+    def _name_of(self, proxy: ClientProxy, server_round: int) -> str:
+        try:
+            res = proxy.get_properties(GetPropertiesIns(config={}), timeout=self.timeout,
+                                       group_id=server_round)
+        except Exception as err:  # a device that cannot answer is drawn by its node id
+            _LOG.info("node %s announced no name: %s", proxy.cid, str(err)[:200])
+            return ""
+        name = res.properties.get("client-name") if res.properties else None
+        if isinstance(name, str) and len(name) <= MAX_NAME and NAME_PATTERN.fullmatch(name):
+            return name
+        return ""
