@@ -23,7 +23,8 @@ spaced); γ ∈ [0.1, 0.9] (g values) with η_C = 0.2 and C_0 = 1 (Andrew et al.
 
 Sizes: T = 100 steps at q = 0.05 (5 epochs of the training split), g = 5 (the smaller of the
 thesis's grid sizes); the full profile runs ε ∈ {3, 5, 7, 9}, both tasks, both settings, 5
-seeds: 2 × 2 × 4 × 5 × (2·25 + 2) = 4 160 runs of 100 steps of a linear model (about 0.1 s each, central).
+seeds: 2 × 2 × 4 × 5 × (2·25 + 2) = 4 160 runs of 100 steps of a linear model (about 0.1 s
+each, central).
 """
 
 from __future__ import annotations
