@@ -199,7 +199,7 @@ def _kept_note(name: str) -> str:
             "measured before runs at one seed asked the same devices each round and before "
             "each seed drew its own data (where the experiment samples devices or shared one "
             "data draw), and it predates the report code's corrections. Regenerate: "
-            f"`python -m experiments {name} --quick && python -m experiments report`.")
+            f"`python -m experiments {name} --quick`, then `python -m experiments report`.")
 
 
 def write_report(root: Path, doc: Path) -> Path:

@@ -42,7 +42,7 @@ from flwr.server.client_proxy import ClientProxy
 from settings import SETTINGS
 from settings.rules import check_sign_single_model
 from strategies.aggregation import check_aggregation, sign_step
-from strategies.device_keys import DeviceKeys
+from strategies.device_keys import DeviceKeys, seed_of
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen, pushed_away
 from strategies.norms import NormLimits
@@ -65,7 +65,8 @@ STATE_VERSION = 1
 # The run settings' defaults are the declarations' (settings.declarations), never restated here.
 _DEFAULTS = {s.name: s.default for s in SETTINGS.values() if s.owner != "device"}
 _STATE_KEYS = ("version", "round", "shapes", "rounds_completed", "best_loss", "best_round",
-               "stale_evaluations", "stopped_early", "rng", "clients", "screen", "history")
+               "stale_evaluations", "stopped_early", "rng", "clients", "screen", "history",
+               "draw_seed")
 
 
 class ClusteredStrategy(RecordedStrategy):
@@ -107,7 +108,7 @@ class ClusteredStrategy(RecordedStrategy):
     fit_config : dict, optional
         Extra entries sent in every ``FitIns.config``.
     rng : np.random.Generator, optional
-        Drives the ``probability`` aggregation (and seeds the draw without ``device_keys``).
+        Drives ``probability``; without ``device_keys`` it seeds the draw (read, not drawn).
     device_keys : DeviceKeys, optional
         Keys each round's draw of devices (:mod:`strategies.device_keys`); default: node ids.
     on_round : callable, optional
@@ -154,8 +155,7 @@ class ClusteredStrategy(RecordedStrategy):
         rng: np.random.Generator | None = None, device_keys: DeviceKeys | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
         on_stop: Callable[[str], None] | None = None,
-        keep_released: bool = False,
-        server_update: ServerUpdate | None = None,
+        keep_released: bool = False, server_update: ServerUpdate | None = None,
     ) -> None:
         self._shapes, self._flat = stack_hypotheses(initial_hypotheses)
         k = self.num_hypotheses
@@ -191,7 +191,7 @@ class ClusteredStrategy(RecordedStrategy):
         self._fit_config: dict[str, Scalar] = fit_config
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
-        self.device_keys = device_keys or DeviceKeys(int(self._rng.integers(2**62)))
+        self.device_keys = device_keys or DeviceKeys(seed_of(self._rng))
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
         self._screen = ReplyScreen(self._shapes, release=release,
                                    need_sigma=self.aggregation != "mean", limits=limits)
@@ -371,7 +371,8 @@ class ClusteredStrategy(RecordedStrategy):
         -------
         state : dict
             Plain JSON values: the round, counters, best loss and round, the patience count,
-            whether the run stopped early, the rng's ``bit_generator.state``, every client's
+            whether the run stopped early, the rng's ``bit_generator.state``, the devices'
+            draw seed (so a resumed run asks whom the run would have asked), every client's
             record, the name bindings, the norm reference and the round records.
         arrays : dict of str to np.ndarray
             ``hypotheses`` and ``best_hypotheses``, each (k, n) float32.
@@ -380,7 +381,7 @@ class ClusteredStrategy(RecordedStrategy):
             "version": STATE_VERSION,
             "shapes": [list(shape) for shape in self._shapes],
             "rng": self._rng.bit_generator.state,
-            "screen": self._screen.to_dict(),
+            "screen": self._screen.to_dict(), "draw_seed": self.device_keys.seed,
             **self._records_state(),
         }
         # The key order of checkpoints written before the bookkeeping moved to RecordedStrategy.
@@ -411,6 +412,7 @@ class ClusteredStrategy(RecordedStrategy):
             raise ValueError(f"the checkpoint's rng is {rng_state.get('bit_generator')!r}, this "
                              f"run's is {type(self._rng.bit_generator).__name__!r}")
         self._rng.bit_generator.state = rng_state
+        self.device_keys.seed = int(state.get("draw_seed", self.device_keys.seed))
         self._flat, self._best_flat = flat.copy(), best.copy()
         self._load_records(state)
         self.incomplete_reason = None

@@ -28,17 +28,19 @@ The key is
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 from flwr.common import GetPropertiesIns
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.replies import MAX_NAME, NAME_PATTERN
 
-__all__ = ["SAMPLE_BY", "DeviceKeys", "draw_priority", "lowest_priorities"]
+__all__ = ["SAMPLE_BY", "DeviceKeys", "draw_priority", "lowest_priorities", "seed_of"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -56,6 +58,17 @@ def draw_priority(seed: int, server_round: int, key: str) -> float:
     """
     digest = hashlib.sha256(f"{int(seed)}|{int(server_round)}|{key}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def seed_of(rng: np.random.Generator) -> int:
+    """Return a draw seed derived from ``rng``'s state without drawing from it.
+
+    A strategy given a seeded rng and no `DeviceKeys` samples reproducibly, and every other use
+    of its rng (k-means, the probability aggregation's ω) sees the same numbers as if the draw
+    had no seed of its own.
+    """
+    state = json.dumps(rng.bit_generator.state, sort_keys=True, default=str)
+    return int.from_bytes(hashlib.sha256(state.encode()).digest()[:8], "big") >> 1
 
 
 def lowest_priorities(keys: Mapping[str, str], seed: int, server_round: int,
