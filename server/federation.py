@@ -245,6 +245,10 @@ class Federation:
         if run_config:
             argv += ["--run-config", format_pairs(run_config)]
         self.logs.mkdir(parents=True, exist_ok=True)
+        return self._stream(argv)
+
+    def _stream(self, argv: list[str]) -> subprocess.Popen[str]:
+        """Start a ``flwr`` command whose output the launcher reads, as the ``flwr-run`` process."""
         proc = subprocess.Popen(
             argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=child_env({**self._env(), "NO_COLOR": "1", "COLUMNS": "200"}),
@@ -264,14 +268,7 @@ class Federation:
         ended = self.procs.procs.pop("flwr-run", None)
         if ended is not None and ended.stdout is not None:
             ended.stdout.close()  # the stream that ended with the old SuperLink
-        proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=child_env({**self._env(), "NO_COLOR": "1", "COLUMNS": "200"}),
-            text=True, bufsize=1, start_new_session=True,
-        )
-        self.procs.procs["flwr-run"] = proc
-        self.procs.watchdog.tell()
-        return proc
+        return self._stream(argv)
 
     def close(self) -> list[int]:
         """Stop every process of the federation; return PIDs that survived (none)."""

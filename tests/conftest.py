@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -11,16 +12,31 @@ import pytest
 from mechanisms import PrivacyLedger
 
 
+def descendants() -> set[int]:
+    """The PIDs of this test process's descendants now."""
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def started_since(before: set[int]) -> list[str]:
+    """``"pid name"`` of the live descendants that are not in ``before``."""
+    return [f"{p.pid} {p.name()}" for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def close_federation(fed: Any, before: set[int]) -> None:
+    """Close a test's federation and fail if it left any process behind (by PID)."""
+    left = fed.close()
+    assert not left
+    stray = started_since(before)
+    assert not stray and flower_processes() == [], stray
+
+
 @pytest.fixture
 def no_leftover_processes() -> Iterator[None]:
     """Fail if the test leaves any process it started behind."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = descendants()
     yield
-    left = [
-        f"{p.pid} {p.name()}"
-        for p in psutil.Process().children(recursive=True)
-        if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    left = started_since(before)
     assert not left, f"processes left running: {left}"
 
 

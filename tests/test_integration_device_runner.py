@@ -27,7 +27,7 @@ import pytest
 
 from server.launcher import Federation, free_port, project_root, stream_lines
 from server.processes import bin_dir, child_env
-from tests.conftest import flower_processes, ledger_spend
+from tests.conftest import close_federation, descendants, flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ RUN = {"num-rounds": 2, "clients-per-round": 2, "patience": 0, "seed": 11,
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     """A SuperLink and 2 SuperNodes through ``gpfl supernode``, shared by this module's runs."""
     work = tmp_path_factory.mktemp("runner-fed")
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = descendants()
     fed = Federation(workdir=work)
     try:
         fed.start_superlink()
@@ -55,11 +55,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
                                     **({"data-path": str(bad_file)} if i == 1 else {})})
         yield fed
     finally:
-        left = fed.close()
-        assert not left
-        stray = [p.pid for p in psutil.Process().children(recursive=True)
-                 if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
-        assert not stray and flower_processes() == []
+        close_federation(fed, before)
 
 
 PATIENT = "Jane Q. Doe 1961-04-02"

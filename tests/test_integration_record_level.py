@@ -13,14 +13,13 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import psutil
 import pytest
 
 from experiments.tabular_seeds import RUN, device_nodes, write_files
 from mechanisms import PrivacyLedger, RecordLevelEvent
 from mechanisms.record_accounting import record_epsilon
 from server.launcher import Federation, project_root, stream_lines
-from tests.conftest import flower_processes
+from tests.conftest import close_federation, descendants
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +36,7 @@ RECORD_RUN: dict[str, Any] = {
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
     work = tmp_path_factory.mktemp("record-fed")
     files = write_files(work / "data", 0)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = descendants()
     fed = Federation(workdir=work)
     try:
         fed.start_superlink()
@@ -49,11 +48,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]
                                     "cap-record-epsilon": 50.0})
         yield fed
     finally:
-        left = fed.close()
-        assert not left
-        stray = [p.pid for p in psutil.Process().children(recursive=True)
-                 if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
-        assert not stray and flower_processes() == []
+        close_federation(fed, before)
 
 
 def test_oso_record_level_run_charges_the_composed_epsilon(federation: Federation) -> None:

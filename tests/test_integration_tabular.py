@@ -15,12 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from experiments.tabular_seeds import POLICY, RUN, device_nodes, held_out_accuracy, write_files
 from server.launcher import Federation, project_root, stream_lines
-from tests.conftest import flower_processes, ledger_spend
+from tests.conftest import close_federation, descendants, ledger_spend
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +49,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Feder
     """A SuperLink and 4 SuperNodes, each with its own CSV; device 3 serves tabular only."""
     work = tmp_path_factory.mktemp("tabular-fed")
     files = write_files(work / "data", SEED)
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    before = descendants()
     fed = Federation(workdir=work)
     try:
         # The ServerApp (started by the SuperLink) sees one more plugin than the devices do.
@@ -68,11 +67,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Feder
             fed.start_supernode(i, node)
         yield fed, files
     finally:
-        left = fed.close()
-        assert not left
-        stray = [p.pid for p in psutil.Process().children(recursive=True)
-                 if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE]
-        assert not stray and flower_processes() == []
+        close_federation(fed, before)
 
 
 def run(fed: Federation, name: str, config: dict[str, Any]) -> dict[str, Any]:
