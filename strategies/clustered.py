@@ -263,7 +263,8 @@ class ClusteredStrategy(RecordedStrategy):
         available, chosen = sample_devices(
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
             min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
-            records=self.clients, keys=self.device_keys)
+            records=self.clients, keys=self.device_keys,
+            superseded=self._screen.names.superseded())
         self._forming = False
         if not chosen:
             self.incomplete_reason = (
@@ -298,9 +299,7 @@ class ClusteredStrategy(RecordedStrategy):
         t = self._round(server_round)
         k = self.num_hypotheses
         sampled = self._sampled[1] if self._sampled[0] == t else []
-        manager = self._client_manager
-        connected = set(manager.all()) if manager is not None else None
-        intake = self._screen.screen(t, results, failures, sampled=sampled, connected=connected,
+        intake = self._screen.screen(t, results, failures, sampled=sampled,
                                      hypotheses=self._flat, record=self._client)
         released, sigmas = intake.released, intake.sigmas
         m = released.shape[0]

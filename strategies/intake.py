@@ -24,7 +24,7 @@ counted in its :class:`~strategies.records.ClientRecord`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -168,7 +168,6 @@ class ReplyScreen:
         failures: Sequence[tuple[ClientProxy, FitRes] | BaseException],
         *,
         sampled: Sequence[str],
-        connected: Collection[str] | None,
         hypotheses: np.ndarray,
         record: Callable[[str], ClientRecord],
     ) -> Intake:
@@ -182,8 +181,6 @@ class ReplyScreen:
             As Flower's ``aggregate_fit`` receives them.
         sampled : sequence of str
             Node ids sent the hypotheses this round.
-        connected : collection of str or None
-            Node ids connected now (name binding); None if unknown.
         hypotheses : np.ndarray
             (k, n) float32: the hypotheses the replies were computed from.
         record : callable
@@ -215,12 +212,8 @@ class ReplyScreen:
             record(cid).dropped += 1
             _LOG.warning("round %d: dropped the reply of %s: %s", t, self.device(cid), reason)
 
-        # Registered nodes taken for dead (NameBook.check): sent this round's instruction and
-        # silent, or silent in their last rounds.
+        # A name stays with its node if that node answered this round (NameBook.check).
         replied = answered | {proxy.cid for proxy, _ in results}
-        gone = {cid for cid in sampled if cid not in replied} | {
-            owner for owner in self.names.name_node.values()
-            if owner not in replied and record(owner).missed_in_a_row > 0}
         candidates: list[tuple[str, str, FitRes, float]] = []
         for proxy, res in results:
             cid = proxy.cid
@@ -233,7 +226,12 @@ class ReplyScreen:
                 if isinstance(parsed, str):
                     reason = parsed
             if reason is None and parsed is not None and not isinstance(parsed, str):
-                reason = self.names.check(cid, parsed.name, connected, gone)
+                owner = self.names.name_node.get(parsed.name)
+                reason = self.names.check(cid, parsed.name, replied)
+                if reason is None and owner not in (None, cid):
+                    _LOG.warning("round %d: %r now speaks from node %s; its node %s is "
+                                 "superseded (a restarted device; not asked again)", t,
+                                 parsed.name, cid, owner)
             if reason is not None or parsed is None or isinstance(parsed, str):
                 drop(cid, reason or "unreadable reply")
                 continue

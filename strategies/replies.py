@@ -13,10 +13,11 @@ Size
     A reply's tensors may not be larger than the hypotheses' shapes make them
     (:func:`tensor_limits`): checked on the raw bytes, before anything is parsed.
 Names
-    A reply's ``client-name`` is bound to the node that first used it (:class:`NameBook`): a
-    device cannot speak for another. A name whose node is gone (unregistered, or registered but
-    silent: see :meth:`NameBook.check`) may be taken by a new node (the same device restarted,
-    which Flower gives a new node id).
+    A reply's ``client-name`` is bound to one node at a time (:class:`NameBook`): two nodes never
+    speak for one device in a round. A new node may take a name over (the same device restarted,
+    which Flower gives a new node id while its old one stays registered until its heartbeat
+    expires); the old node is then superseded: not asked again, its replies under the name
+    dropped (see :meth:`NameBook.check`).
 """
 
 from __future__ import annotations
@@ -241,18 +242,20 @@ def _short(value: object) -> str:
 class NameBook:
     """Which node each ``client-name`` belongs to, and which name each node speaks for.
 
-    A node keeps the name of its first accepted reply. A name keeps the node that first used it
-    while that node is connected; once the node is gone (Flower no longer lists it) the name may
-    move to a new node: the same device, restarted, which Flower registers under a new node id.
-    Records of both nodes are merged under the name in the summary.
+    A node keeps the name of its first accepted reply. A name belongs to one node at a time: the
+    newest node that speaks as it, unless the name's node answered the same round. Without node
+    authentication a name is the device's identity (Flower registers a restarted device under a
+    new node id, and its old registration lingers until the heartbeat expires): the newest
+    registration is the device; the older one is *superseded* (:meth:`superseded`), no longer
+    asked and no longer heard under the name. Records of both nodes merge under the name in the
+    summary.
     """
 
     def __init__(self) -> None:
         self.node_name: dict[str, str] = {}
         self.name_node: dict[str, str] = {}
 
-    def check(self, node: str, name: str, connected: Collection[str] | None,
-              gone: Collection[str] = ()) -> str | None:
+    def check(self, node: str, name: str, answered: Collection[str] = ()) -> str | None:
         """Return why ``node`` may not speak as ``name``, or None (and bind them).
 
         Parameters
@@ -261,26 +264,28 @@ class NameBook:
             The replying node id.
         name : str
             The ``client-name`` its reply carries (already checked for form).
-        connected : Collection[str] or None
-            The node ids connected now; ``None`` when unknown, in which case a name's node is
-            taken to be still connected (the safe side: the name is not moved).
-        gone : Collection[str]
-            Node ids still registered but taken for dead: they were sent this round's
-            instruction and did not answer, or missed their last rounds. A device killed and
-            restarted stays registered under its old node id until the SuperLink's heartbeat
-            expires (about a minute); its new node takes the name over at once, rather than
-            have its reply refused after it charged its ledger.
+        answered : Collection[str]
+            The node ids that answered this round (a release, a decline or a failure). A name
+            whose node answered this round stays with it: one device, one reply a round. A name
+            whose node did not moves to the new node at once (the device restarted: its reply
+            counts, rather than being refused after it charged its ledger).
         """
         bound = self.node_name.get(node)
         if bound is not None and bound != name:
             return f"node {node} speaks as {bound!r}, this reply says {name!r}"
         owner = self.name_node.get(name)
-        if owner is not None and owner != node and owner not in gone:
-            if connected is None or owner in connected:
-                return f"name {name!r} belongs to node {owner}"
+        if owner is not None and owner != node:
+            if bound == name:
+                return f"name {name!r} moved to node {owner}"
+            if owner in answered:
+                return f"name {name!r} belongs to node {owner}, which answered this round"
         self.node_name[node] = name
         self.name_node[name] = node
         return None
+
+    def superseded(self) -> set[str]:
+        """Return the nodes whose name has moved to a newer node (stale registrations)."""
+        return {node for node, name in self.node_name.items() if self.name_node.get(name) != node}
 
     def label(self, node: str) -> str:
         """Return the name a node speaks as, else ``node <id>`` (a device in records)."""

@@ -30,7 +30,7 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import numpy as np
 from flwr.server.client_manager import ClientManager
@@ -112,6 +112,7 @@ def sample_devices(
     forming: bool,
     records: Mapping[str, ClientRecord] | None = None,
     keys: DeviceKeys | None = None,
+    superseded: Collection[str] = (),
 ) -> tuple[dict[str, ClientProxy], list[str]]:
     """Wait for enough connected devices, then sample up to ``clients_per_round`` of them.
 
@@ -138,6 +139,9 @@ def sample_devices(
         resting ones are not sampled (see the module notes).
     keys : DeviceKeys, optional
         Draws the sample by the devices' keys (``rng`` is then not used); None: ``rng``.
+    superseded : collection of str
+        Nodes whose device now speaks from a newer node (a restart): never asked, not counted
+        towards the quorum.
 
     Returns
     -------
@@ -159,7 +163,12 @@ def sample_devices(
         _LOG.info("round %d: %d devices connected; waiting up to %g s for min-replies=%d",
                   t, connected, round_timeout, min_replies)
         client_manager.wait_for(min_replies, timeout=math.ceil(round_timeout))
-    available = client_manager.all()
+    stale = set(superseded)
+
+    def current() -> dict[str, ClientProxy]:
+        return {cid: p for cid, p in client_manager.all().items() if cid not in stale}
+
+    available = current()
     records = records or {}
     alive = responsive(available, records)
     if len(available) >= min_replies and len(alive) < min_replies:
@@ -169,9 +178,9 @@ def sample_devices(
         deadline = time.monotonic() + round_timeout
         while len(alive) < min_replies and time.monotonic() < deadline:
             # New nodes (a restarted device) raise the count; nothing else does.
-            client_manager.wait_for(len(available) + min_replies - len(alive),
+            client_manager.wait_for(client_manager.num_available() + min_replies - len(alive),
                                     timeout=_QUORUM_POLL_S)
-            available = client_manager.all()
+            available = current()
             alive = responsive(available, records)
     cids = sorted(available)
     if len(alive) < min_replies:

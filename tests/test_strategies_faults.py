@@ -110,7 +110,7 @@ def test_a_hypothesis_is_never_moved_by_an_absurd_reply_over_rounds() -> None:
 # ---------------------------------------------------------------------------- names
 
 
-def test_a_device_cannot_speak_for_another_that_is_connected() -> None:
+def test_a_device_cannot_speak_for_another_that_answers_the_same_round() -> None:
     # Prepare: alice (node 1) reports spend 2.0; node 2 then claims alice's name with 0.4.
     manager = FakeManager(["1", "2"])
     strategy = make(hyp([0.0]))
@@ -119,7 +119,7 @@ def test_a_device_cannot_speak_for_another_that_is_connected() -> None:
                            [])
     strategy.evaluate(1, Parameters([], ""))
 
-    # Execute: both answer round 2 (a silent owner is taken for dead: see the next tests).
+    # Execute: both answer round 2 (one device, one reply a round: the name stays with node 1).
     strategy.configure_fit(2, Parameters([], ""), manager)
     _, metrics = strategy.aggregate_fit(
         2, [(FakeProxy("1"), res([1.0], name="alice", **{"spend-d": 2.0})),
@@ -128,7 +128,8 @@ def test_a_device_cannot_speak_for_another_that_is_connected() -> None:
 
     # Assert
     assert metrics["dropped"] == 1
-    assert strategy.history[-1].dropped == [("node 2", "name 'alice' belongs to node 1")]
+    assert strategy.history[-1].dropped == [
+        ("node 2", "name 'alice' belongs to node 1, which answered this round")]
     assert strategy.hypotheses[0][0].tolist() == [1.0]
     report = privacy_report("laplace", strategy.clients)["per_client"]
     assert report["alice"]["spend"] == 2.0 and report["alice"]["node_ids"] == ["1"]

@@ -118,6 +118,31 @@ def test_a_restarted_device_whose_old_node_is_asked_in_the_same_round_is_counted
         "1", "3"]
 
 
+def test_a_restarted_device_whose_old_node_was_not_asked_is_counted_and_its_old_node_left_alone(
+) -> None:
+    # Prepare: dev-a answers round 1 from node a (so a has missed nothing), is killed and
+    # restarted as node c while a stays registered. Round 2 draws b and c (2 of 3), not a.
+    manager = FakeManager(["a", "b"])
+    strategy = make(clients_per_round=2)
+    play(strategy, manager, 1, silent=set())
+    manager.register(FakeProxy("c"))
+    sampled = sorted(proxy.cid for proxy, _ in strategy.configure_fit(2, NONE, manager))
+    assert sampled == ["b", "c"]
+
+    # Execute: c answers as dev-a (a decline here; a release is treated the same), b as itself.
+    _, metrics = strategy.aggregate_fit(2, [(FakeProxy("c"), res(name="dev-a", declined=1)),
+                                            (FakeProxy("b"), res([1.0], name="dev-b"))], [])
+    strategy.evaluate(2, NONE)
+    asked = sorted(proxy.cid for proxy, _ in strategy.configure_fit(3, NONE, manager))
+
+    # Assert: counted under dev-a (before: dropped as "name 'dev-a' belongs to node a", and
+    # node a, dead, drawn again and waited for); node a is no longer asked.
+    assert metrics["dropped"] == 0 and metrics["declined"] == 1
+    report = privacy_report("laplace", strategy.clients)["per_client"]
+    assert report["dev-a"]["declines"] == 1 and report["dev-a"]["node_ids"] == ["a", "c"]
+    assert asked == ["b", "c"]
+
+
 def test_hypotheses_pushed_away_end_the_run_as_diverged_naming_the_rogue(tmp_path) -> None:
     # Prepare: 4 devices; "r" releases 500x farther than the others for two rounds.
     manager = FakeManager(["a", "b", "c", "r"])

@@ -156,23 +156,27 @@ def test_a_node_keeps_its_first_name() -> None:
     assert book.label("11") == "alice" and book.label("99") == "node 99"
 
 
-def test_a_name_belongs_to_its_node_while_that_node_is_connected() -> None:
+def test_a_name_stays_with_its_node_when_that_node_answered_the_round() -> None:
     book = NameBook()
-    book.check("11", "alice", {"11", "12"})
+    book.check("11", "alice")
 
-    assert book.check("12", "alice", {"11", "12"}) == "name 'alice' belongs to node 11"
-    # Not knowing who is connected is treated as "still connected".
-    assert book.check("12", "alice", None) == "name 'alice' belongs to node 11"
+    assert book.check("12", "alice", answered={"11", "12"}) == \
+        "name 'alice' belongs to node 11, which answered this round"
+    assert book.name_node == {"alice": "11"} and book.superseded() == set()
 
 
-def test_a_restarted_device_takes_its_name_back_once_its_old_node_is_gone() -> None:
+def test_a_restarted_device_takes_its_name_over_and_its_old_node_is_superseded() -> None:
+    # The old node is still registered (its heartbeat has not expired) but did not answer.
     book = NameBook()
-    book.check("11", "alice", {"11"})
+    book.check("11", "alice")
+    book.check("21", "bob")
 
-    assert book.check("12", "alice", {"12"}) is None
-    assert book.name_node == {"alice": "12"}
-    # The old node, should it come back, may no longer speak as alice.
-    assert book.check("11", "alice", {"11", "12"}) == "name 'alice' belongs to node 12"
+    assert book.check("12", "alice", answered={"12", "21"}) is None
+    assert book.name_node == {"alice": "12", "bob": "21"}
+    assert book.superseded() == {"11"}
+    # The old node, should it answer again, may no longer speak as alice (nor as anyone else).
+    assert book.check("11", "alice", answered={"11"}) == "name 'alice' moved to node 12"
+    assert book.check("11", "carol") == "node 11 speaks as 'alice', this reply says 'carol'"
 
 
 def test_name_book_round_trip() -> None:
