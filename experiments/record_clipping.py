@@ -21,10 +21,11 @@ spaced); γ ∈ [0.1, 0.9] (g values) with η_C = 0.2 and C_0 = 1 (Andrew et al.
 ρ_0 = 10^-0.5 (the middle of the range), ρ_c = ρ_r = 2.5e-3 (the thesis's) and, as ``oso-fast``,
 0.05 (with 10× fewer steps than the thesis's runs, 2.5e-3 moves C by at most e^{0.25}).
 
-Sizes: T = 100 steps at q = 0.05 (5 epochs of the training split), g = 5 (the smaller of the
-thesis's grid sizes); the full profile runs ε ∈ {3, 5, 7, 9}, both tasks, both settings, 5
-seeds: 2 × 2 × 4 × 5 × (2·25 + 2) = 4 160 runs of 100 steps of a linear model (about 0.1 s
-each, central).
+Sizes: T = 100 steps at q = 0.05 (5 epochs of the training split). The full profile runs both
+of the thesis's grid sizes, g = 5 and g = 7, at ε ∈ {3, 5, 7, 9}, both tasks, both settings, 5
+seeds: 2 × 2 × 4 × 5 × (2·25 + 2·49 + 2) = 12 000 runs of 100 steps of a linear model (about
+0.03 s each central on 2 cores; the whole profile takes minutes). The quick profile keeps g = 5
+and ε ∈ {3, 9}.
 """
 
 from __future__ import annotations
@@ -42,20 +43,36 @@ from experiments.tables import CI_NAME, mean_ci, paired_difference
 NAME = "record-clipping"
 COLUMNS = ("task", "setting", "epsilon", "strategy", "seed", "accuracy", "val_accuracy", "runs",
            "noise_multiplier", "clip", "learning_rate")
-STRATEGIES = ("fixed-grid", "quantile-grid", "oso", "oso-fast")
+#: The single-run strategies; the grid strategies are named ``<base>-grid-<g>`` (g values an axis).
+OSO = ("oso", "oso-fast")
 DELTA = 1e-5
 SILOS = 4
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"tasks": ["digits", "breast-cancer"], "settings": ["central", "federated"],
-             "epsilons": [3.0, 5.0, 7.0, 9.0], "grid": 5, "seeds": [0, 1, 2, 3, 4],
+             "epsilons": [3.0, 5.0, 7.0, 9.0], "grids": [5, 7], "seeds": [0, 1, 2, 3, 4],
              "steps": 100, "rounds": 5, "rate": 0.05},
     "quick": {"tasks": ["digits", "breast-cancer"], "settings": ["central", "federated"],
-              "epsilons": [3.0, 9.0], "grid": 5, "seeds": [0, 1, 2, 3, 4],
+              "epsilons": [3.0, 9.0], "grids": [5], "seeds": [0, 1, 2, 3, 4],
               "steps": 100, "rounds": 5, "rate": 0.05},
     "smoke": {"tasks": ["digits", "breast-cancer"], "settings": ["central", "federated"],
-              "epsilons": [5.0], "grid": 2, "seeds": [0], "steps": 8, "rounds": 2,
+              "epsilons": [5.0], "grids": [2], "seeds": [0], "steps": 8, "rounds": 2,
               "rate": 0.1},
 }
+
+
+def strategies(profile: str) -> tuple[str, ...]:
+    """Return the strategies a profile compares: its grids (each size, both kinds), then OSO."""
+    grids = PROFILES[profile]["grids"]
+    return (*(f"{base}-grid-{g}" for g in grids for base in ("fixed", "quantile")), *OSO)
+
+
+def grid_size(strategy: str) -> int:
+    """Return g for ``<base>-grid-<g>``, 1 for a single-run strategy."""
+    return int(strategy.rsplit("-", 1)[1]) if "-grid-" in strategy else 1
+
+
+def _order(strategy: str) -> tuple[int, int, str]:
+    return (grid_size(strategy) == 1, grid_size(strategy), strategy)
 
 
 @functools.lru_cache(maxsize=64)
@@ -118,8 +135,7 @@ def one_run(task: Any, data: dict[str, Any], setting: str, strategy: str, nu: fl
     from mechanisms.record_clipping import split_noise
     from tasks.dpsgd import RecordTraining, train_record_level
 
-    base = "fixed" if strategy == "fixed-grid" else "quantile" if strategy == "quantile-grid" \
-        else "oso"
+    base = strategy.split("-grid-")[0] if "-grid-" in strategy else "oso"
     rate = {"oso": 2.5e-3, "oso-fast": 0.05}.get(strategy, 0.2)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
     params = task.init_parameters(rng)
@@ -149,7 +165,7 @@ def grid(ctx: Context) -> list[Cell]:
                  {"task": t, "setting": s, "epsilon": e, "strategy": st, "seed": seed,
                   "profile": ctx.profile})
             for t in p["tasks"] for s in p["settings"] for e in p["epsilons"]
-            for seed in ctx.pick_seeds(p["seeds"]) for st in STRATEGIES]
+            for seed in ctx.pick_seeds(p["seeds"]) for st in strategies(ctx.profile)]
 
 
 def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
@@ -157,11 +173,11 @@ def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
     k = cell.keys
     p = PROFILES[k["profile"]]
     task, data = task_data(k["task"])
-    g = p["grid"]
+    g = grid_size(k["strategy"])
     rates = list(np.logspace(-2.5, 1.5, g))
-    if k["strategy"] == "fixed-grid":
+    if k["strategy"].startswith("fixed-grid"):
         configs = [(c, r, 0.5) for c in np.logspace(-2, 2, g) for r in rates]
-    elif k["strategy"] == "quantile-grid":
+    elif k["strategy"].startswith("quantile-grid"):
         configs = [(1.0, r, q) for q in np.linspace(0.1, 0.9, g) for r in rates]
     else:
         configs = [(1.0, 10 ** -0.5, 0.5)]
@@ -195,11 +211,16 @@ def _by_seed(rows: list[dict[str, str]], task: str, setting: str, eps: float,
 def report_section(rows: list[dict[str, str]]) -> list[str]:
     """Return the experiment's section of docs/RESULTS.md."""
     keys = sorted({(r["task"], r["setting"], float(r["epsilon"])) for r in rows})
-    nus = {(float(r["epsilon"]), r["strategy"]): float(r["noise_multiplier"]) for r in rows}
+    present = sorted({r["strategy"] for r in rows}, key=_order)
+    grids = [st for st in present if grid_size(st) > 1]
+    sizes = sorted({grid_size(st) for st in grids})
+    nus = {(float(r["epsilon"]), grid_size(r["strategy"])): float(r["noise_multiplier"])
+           for r in rows}
     budgets = "; ".join(
-        f"ε = {eps:g}: ν = {nus[(eps, 'fixed-grid')]:.3g} for each grid run, "
-        f"{nus[(eps, 'oso')]:.3g} for the OSO run"
-        for eps in sorted({e for e, st in nus if st == "oso"}) if (eps, "fixed-grid") in nus)
+        f"ε = {eps:g}: ν = " + ", ".join(f"{nus[(eps, g)]:.3g} for each run of a {g}×{g} grid"
+                                        for g in sizes if (eps, g) in nus)
+        + f", {nus[(eps, 1)]:.3g} for the OSO run"
+        for eps in sorted({e for e, g in nus if g == 1}))
     lines = [
         "**OSO-DPSGD against grid searches at one record-level budget (004 §3.7).** The thesis "
         "claims that one OSO-DPSGD run does comparably or better than the best run of a "
@@ -212,22 +233,22 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
         "docstring. `oso` uses the thesis's ρ_c = ρ_r = 2.5e-3, `oso-fast` 0.05.", "",
         f"Test accuracy of the chosen model ({CI_NAME}, seeds); the grids' runs composed "
              "to the same record-level (ε, δ = 1e-5, add/remove) as the single OSO run.", "",
-             "| task | setting | ε | " + " | ".join(STRATEGIES) + " |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in STRATEGIES) + " |"]
+             "| task | setting | ε | " + " | ".join(present) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in present) + " |"]
     for task, setting, eps in keys:
         cells = []
-        for st in STRATEGIES:
+        for st in present:
             m, h, n = mean_ci(_by_seed(rows, task, setting, eps, st).values())
             cells.append("-" if n == 0 else f"{m:.3f} ± {h:.3f} ({n})")
         lines.append(f"| {task} | {setting} | {eps:g} | " + " | ".join(cells) + " |")
-    pairs = [(o, g) for o in ("oso", "oso-fast") for g in ("fixed-grid", "quantile-grid")]
+    pairs = [(o, g) for o in OSO for g in grids]
     lines += ["", "OSO minus each grid's best, test accuracy paired by seed: mean [95 % "
               "Student-t interval]; **better** where the interval is above 0, *worse* where it "
               "is below, comparable otherwise.", "",
               "| task | setting | ε | " + " | ".join(f"{o} − {g}" for o, g in pairs) + " |",
               "| --- | --- | --- | " + " | ".join("---" for _ in pairs) + " |"]
     tally: dict[str, dict[str, int]] = {o: {"better": 0, "comparable": 0, "worse": 0}
-                                        for o in ("oso", "oso-fast")}
+                                        for o in OSO}
     for task, setting, eps in keys:
         cells = []
         for o, g in pairs:

@@ -13,7 +13,7 @@ import csv
 import pytest
 
 from experiments.cli import run_experiment
-from experiments.record_clipping import EXPERIMENT, PROFILES, STRATEGIES, calibrated_noise
+from experiments.record_clipping import EXPERIMENT, PROFILES, calibrated_noise, strategies
 
 
 @pytest.fixture(scope="module")
@@ -26,23 +26,26 @@ def rows(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
 
 def test_every_strategy_runs_on_both_tasks_and_settings(rows: list[dict[str, str]]) -> None:
     p = PROFILES["smoke"]
-    assert len(rows) == 2 * 2 * len(STRATEGIES)
+    assert strategies("smoke") == ("fixed-grid-2", "quantile-grid-2", "oso", "oso-fast")
+    assert strategies("full") == ("fixed-grid-5", "quantile-grid-5", "fixed-grid-7",
+                                  "quantile-grid-7", "oso", "oso-fast")
+    assert len(rows) == 2 * 2 * len(strategies("smoke"))
     assert {(r["task"], r["setting"]) for r in rows} == {
         (t, s) for t in p["tasks"] for s in p["settings"]}
     for r in rows:
         assert 0.0 <= float(r["accuracy"]) <= 1.0 and float(r["clip"]) > 0
-        grid_runs = p["grid"] ** 2 if r["strategy"].endswith("grid") else 1
+        grid_runs = 4 if "-grid-" in r["strategy"] else 1
         assert int(r["runs"]) == grid_runs
 
 
 def test_a_grid_pays_for_its_runs(rows: list[dict[str, str]]) -> None:
     nus = {r["strategy"]: float(r["noise_multiplier"]) for r in rows}
-    assert nus["fixed-grid"] == nus["quantile-grid"] > nus["oso"] == nus["oso-fast"]
+    assert nus["fixed-grid-2"] == nus["quantile-grid-2"] > nus["oso"] == nus["oso-fast"]
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
     p = PROFILES["smoke"]
-    runs = p["grid"] ** 2
+    runs = p["grids"][0] ** 2
     nu = calibrated_noise(5.0, p["rate"], p["steps"] * runs)
     step = dp_accounting.PoissonSampledDpEvent(p["rate"], dp_accounting.GaussianDpEvent(nu))
     one_run = dp_accounting.SelfComposedDpEvent(step, p["steps"])
