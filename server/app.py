@@ -180,6 +180,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         release="sign" if settings.mechanism == "sign" else "parameters",
         aggregation=settings.aggregation,
         cluster_aggregator=settings.values["cluster-aggregator"],
+        persistence_threshold=settings.values["persistence-threshold"],
         server_learning_rate=settings.server_learning_rate,
         server_update=settings.server_update,
         norm_limits=norm_limits(settings),

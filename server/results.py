@@ -48,8 +48,8 @@ _MAXIMA = ("spend", "releases", "spend_d", "epsilon", "delta")
 def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]:
     """Build the ``privacy`` section: per-client spend, median and maximum (001's Table 1).
 
-    Records are merged by ``client-name``: a device restarted under a new node id (which the
-    strategy lets take over its name: :class:`strategies.replies.NameBook`) keeps one entry, its counts summed and its
+    Records are merged by ``client-name``: a device restarted under a new node id (which takes
+    its name over: :class:`strategies.replies.NameBook`) keeps one entry, its counts summed and its
     spend the largest it ever reported (a ledger only grows, so a lower report never lowers
     it). A node never heard from is listed as ``node <id>`` with no spend.
     """

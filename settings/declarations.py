@@ -292,6 +292,11 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "with each release clipped to the round's median distance, or a coordinate-wise "
             "median, trimmed mean or multi-Krum", group="aggregation",
             choices=CLUSTER_AGGREGATORS),
+    # Across rounds (strategies.persistence): post-processing of the releases the server holds.
+    Setting("persistence-threshold", float, 0.0,
+            "set a device aside (its releases left out, not asked again) once its releases' "
+            "summed residuals pass this many times the square root of their count (0 = off)",
+            group="aggregation", minimum=0.0, maximum=1e3),
     # Post-processing of the releases by the server (strategies.server_update): nothing is sent
     # to a device and nothing is charged, so no choice here can weaken a device's privacy.
     Setting("server-update", str, "mean",

@@ -6,25 +6,20 @@ One round, as Flower's legacy ``Server.fit`` drives it::
                     at most ``round_timeout`` for ``min_replies`` of them); send the k hypotheses
     aggregate_fit   screen every reply (strategies.intake: declines apart; bad replies dropped,
                     failed and missing devices named); with ``min_replies`` usable replies,
-                    cluster the releases and aggregate each cluster (strategies.robust: k-means
-                    and the budget-weighted mean by default; an empty cluster keeps its
-                    hypothesis), then the server update's step (strategies.server_update);
-                    for the stochastic-sign release, a majority-vote step instead
+                    set aside devices whose releases lean one way round after round
+                    (strategies.persistence), cluster and aggregate (strategies.robust), then
+                    the server update (strategies.server_update); sign: a majority vote
     evaluate        server-side validation every ``eval_every`` rounds, early stop on
                     ``patience``, then one :class:`RoundRecord` for the round (inherited from
                     :class:`~strategies.recorded.RecordedStrategy`)
 
 The math is pure functions on NumPy arrays; this class converts Flower's messages to a (m, n)
-float32 matrix and back, and orchestrates (round 0 and the order of Flower's calls:
-:mod:`strategies.recorded`). After an early stop, or without a quorum, ``configure_fit``
-returns no clients and Flower skips the remaining rounds cheaply. The round's deadline is each
-instruction's TTL (``ServerConfig(round_timeout=...)``); a device that misses it is a failure
-that :class:`~strategies.proxies.TracedProxy` attributes to the device.
-
-Resuming: :meth:`ClusteredStrategy.state` captures what the strategy needs to continue
-(hypotheses, best ones, records, rng state, name bindings; not the rounds of past re-seedings)
-and :meth:`ClusteredStrategy.restore` puts it back; Flower then counts rounds from 1 again, and
-the strategy maps its round ``i`` to ``restored round + i``.
+float32 matrix and back, and orchestrates (:mod:`strategies.recorded`). After an early stop, or
+without a quorum, ``configure_fit`` returns no clients. The round's deadline is each
+instruction's TTL; a device that misses it is a failure (:class:`~strategies.proxies.TracedProxy`).
+Resuming: :meth:`ClusteredStrategy.state` captures what the strategy needs to continue (not the
+rounds of past re-seedings), :meth:`ClusteredStrategy.restore` puts it back; Flower then counts
+rounds from 1 again, and the strategy maps its round ``i`` to ``restored round + i``.
 """
 
 from __future__ import annotations
@@ -46,6 +41,7 @@ from strategies.device_keys import DeviceKeys, seed_of
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen, pushed_away
 from strategies.norms import NormLimits
+from strategies.persistence import Persistence, set_aside_persistent
 from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
@@ -90,10 +86,11 @@ class ClusteredStrategy(RecordedStrategy):
     release : {"parameters", "sign"}
         What clients release: sanitized parameters (k-means + cluster means), or stochastic
         signs of their update (majority vote; only with k = 1).
-    aggregation : str
-        One of :data:`strategies.AGGREGATIONS`; how the releases of a cluster are weighted.
-    cluster_aggregator : str
-        One of :data:`strategies.robust.CLUSTER_AGGREGATORS`: what each cluster becomes.
+    aggregation, cluster_aggregator : str
+        How a cluster's releases are weighted (:data:`strategies.AGGREGATIONS`); what each
+        cluster becomes (:data:`strategies.robust.CLUSTER_AGGREGATORS`).
+    persistence_threshold : float
+        c of :mod:`strategies.persistence` (0: off).
     server_learning_rate : float
         Step of the sign release's update θ ← θ + η·sign(weighted mean of the signs).
     norm_limits : NormLimits, optional
@@ -111,10 +108,9 @@ class ClusteredStrategy(RecordedStrategy):
         Drives ``probability``; without ``device_keys`` it seeds the draw (read, not drawn).
     device_keys : DeviceKeys, optional
         Keys each round's draw of devices (:mod:`strategies.device_keys`); default: node ids.
-    on_round : callable, optional
-        Called with each :class:`RoundRecord` as soon as it is complete.
-    on_stop : callable, optional
-        Called with ``incomplete_reason`` when the run stops for lack of devices.
+    on_round, on_stop : callable, optional
+        Called with each complete :class:`RoundRecord`; with ``incomplete_reason`` when the run
+        stops for lack of devices.
     keep_released : bool
         Store each round's released vectors (and clusters) in the record: small models only.
     server_update : ServerUpdate, optional
@@ -146,6 +142,7 @@ class ClusteredStrategy(RecordedStrategy):
         release: str = "parameters",
         aggregation: str = _DEFAULTS["aggregation"],
         cluster_aggregator: str = _DEFAULTS["cluster-aggregator"],
+        persistence_threshold: float = _DEFAULTS["persistence-threshold"],
         server_learning_rate: float = _DEFAULTS["server-learning-rate"],
         norm_limits: NormLimits | None = None,
         evaluate_fn: EvaluateFn | None = None,
@@ -184,6 +181,8 @@ class ClusteredStrategy(RecordedStrategy):
         self.release = release
         self.aggregation = check_aggregation(aggregation)
         self.cluster_aggregator = check_cluster_aggregator(cluster_aggregator)
+        self._persistence = Persistence(SETTINGS["persistence-threshold"].parse(
+            persistence_threshold))
         self.server_learning_rate = float(server_learning_rate)
         self.keep_released = keep_released
         self.server_update = server_update or ServerUpdate()
@@ -201,7 +200,6 @@ class ClusteredStrategy(RecordedStrategy):
         # _flat is never modified in place (each round makes a new matrix), so keeping a
         # reference to the best one costs nothing.
         self._best_flat = self._flat
-        self._client_manager: ClientManager | None = None
         self._sampled: tuple[int, list[str], list[str]] = (-1, [], [])  # round, ids, keys
         self._forming = True  # the first configure_fit of this process: devices still joining
 
@@ -250,21 +248,19 @@ class ClusteredStrategy(RecordedStrategy):
     ) -> list[tuple[ClientProxy, FitIns]]:
         """Sample up to ``clients_per_round`` connected clients and send them the hypotheses.
 
-        Sampling is without replacement, uniform, keyed on the seed, the round and the devices'
-        keys (:func:`strategies.sampling.sample_devices`). Waits at most
-        ``round_timeout`` for clients to connect (see the class notes). Returns no clients
-        after an early stop, or when fewer than ``min_replies`` are connected: the run then
-        stops, with ``incomplete_reason`` saying so.
+        Without replacement, keyed on the seed, the round and the devices' keys, waiting at most
+        ``round_timeout`` (:func:`strategies.sampling.sample_devices`). No clients after an early
+        stop or without ``min_replies`` devices (``incomplete_reason`` says so).
         """
         t = self._round(server_round)
         if self.stopped_early or self.incomplete_reason is not None:
             return []
-        self._client_manager = client_manager
         available, chosen = sample_devices(
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
             min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
             records=self.clients, keys=self.device_keys,
-            superseded=self._screen.names.superseded())
+            superseded=self._screen.names.superseded() | {
+                cid for cid, r in self.clients.items() if r.name in self._persistence.set_aside})
         self._forming = False
         if not chosen:
             self.incomplete_reason = (
@@ -290,17 +286,19 @@ class ClusteredStrategy(RecordedStrategy):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        """Screen the replies, cluster them and return the new hypotheses.
+        """Screen the replies, cluster them and return the new hypotheses (None: too few).
 
-        ``None`` as parameters (Flower keeps the current ones) with fewer than ``min_replies``
-        usable replies. Metrics: ``replies``, ``declined``, ``dropped``, ``failures``,
-        ``missing`` and ``cluster-size-j`` for each hypothesis j.
+        Metrics: ``replies``, ``declined``, ``dropped``, ``failures``, ``missing`` and
+        ``cluster-size-j`` for each hypothesis j.
         """
         t = self._round(server_round)
         k = self.num_hypotheses
         sampled = self._sampled[1] if self._sampled[0] == t else []
         intake = self._screen.screen(t, results, failures, sampled=sampled,
                                      hypotheses=self._flat, record=self._client)
+        if self.release != "sign":
+            set_aside_persistent(t, intake, self._flat, self._persistence, self._screen.names,
+                                 self._client)
         released, sigmas = intake.released, intake.sigmas
         m = released.shape[0]
         pushed = pushed_away(t, intake, self.clients)
@@ -372,7 +370,8 @@ class ClusteredStrategy(RecordedStrategy):
             Plain JSON values: the round, counters, best loss and round, the patience count,
             whether the run stopped early, the rng's ``bit_generator.state``, the devices'
             draw seed (so a resumed run asks whom the run would have asked), every client's
-            record, the name bindings, the norm reference and the round records.
+            record, the name bindings, the norm reference, the persistence sums and the round
+            records.
         arrays : dict of str to np.ndarray
             ``hypotheses`` and ``best_hypotheses``, each (k, n) float32.
         """
@@ -380,7 +379,8 @@ class ClusteredStrategy(RecordedStrategy):
             "version": STATE_VERSION,
             "shapes": [list(shape) for shape in self._shapes],
             "rng": self._rng.bit_generator.state,
-            "screen": self._screen.to_dict(), "draw_seed": self.device_keys.seed,
+            "screen": {**self._screen.to_dict(), "persistence": self._persistence.to_dict()},
+            "draw_seed": self.device_keys.seed,
             **self._records_state(),
         }
         # The key order of checkpoints written before the bookkeeping moved to RecordedStrategy.
@@ -416,4 +416,5 @@ class ClusteredStrategy(RecordedStrategy):
         self._load_records(state)
         self.incomplete_reason = None
         self._screen.load_dict(state["screen"])
+        self._persistence.load_dict(state["screen"].get("persistence", {}))
 

@@ -34,15 +34,20 @@ from client.policy import DevicePolicy
 from server.app import build_components
 from settings import federation_defaults
 from strategies import ClusteredStrategy
+from strategies.clustering import nearest_hypothesis
 from strategies.norms import screen_norms
+from strategies.persistence import residual_units
 from tests.test_strategies_clustered import FakeManager, FakeProxy
 
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
 
 
 def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: ClusteredStrategy,
-                     count: int = 1) -> np.ndarray:
-    """``count`` identical releases as far from hypothesis 0 as the screening lets all pass.
+                     count: int = 1, names: Sequence[str] = ()) -> np.ndarray:
+    """``count`` identical releases as far from hypothesis 0 as the server's rules let all pass.
+
+    The rules: the screening (each release's distance) and, when the strategy has one, the
+    persistence test (no rogue's summed residuals may reach its threshold this round).
 
     Parameters
     ----------
@@ -54,6 +59,8 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
         The server's strategy (its screening's limits and reference).
     count : int
         Rogue releases in the round (all at the same place).
+    names : sequence of str
+        The rogues' names (the persistence test keeps a sum per name).
 
     Returns
     -------
@@ -66,14 +73,39 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
     norm = np.linalg.norm(away)
     direction = away / norm if norm > 0 else np.eye(target.size)[0]
 
+    # Under the persistence test the rogue aims its *residual* (its offset from the cluster's
+    # median offset, in units of the round's median residual) at the unit that pushes furthest
+    # away while its summed residuals stay below the threshold; the push along that unit is then
+    # as large as the rules allow.
+    persistence = strategy._persistence
+    start, aim = target, direction
+    if persistence.threshold > 0 and names and honest.shape[0]:
+        labels = nearest_hypothesis(honest, hypotheses)
+        mine = honest[labels == 0].astype(np.float64) - target
+        drift = np.median(mine, axis=0) if mine.shape[0] else np.zeros_like(target)
+        offsets = honest.astype(np.float64) - hypotheses[labels]
+        residuals = np.vstack([offsets[labels == j] - np.median(offsets[labels == j], axis=0)
+                               for j in np.unique(labels)])
+        tau = float(np.median(np.linalg.norm(residuals, axis=1)))
+        worst = max(names, key=persistence.statistic)
+        unit = best_unit(persistence.sums.get(worst), persistence.counts.get(worst, 0),
+                         direction, persistence.threshold)
+        start, aim = target + drift, unit * tau
+
     def rows(r: float) -> np.ndarray:
-        return np.tile((target + r * direction).astype(np.float32), (count, 1))
+        return np.tile((start + r * aim).astype(np.float32), (count, 1))
 
     def passes(r: float) -> bool:
         matrix = np.vstack([honest, rows(r)]).astype(np.float32)
         sigmas = np.full(matrix.shape[0], np.nan)
         reasons, _ = screen_norms(matrix, hypotheses, sigmas, screen.reference, screen.limits)
-        return all(reason is None for reason in reasons[-count:])
+        if any(reason is not None for reason in reasons[-count:]):
+            return False
+        if persistence.threshold <= 0:
+            return True
+        units = residual_units(matrix, hypotheses)[-count:]
+        return all(persistence.statistic(name, unit) < persistence.threshold
+                   for name, unit in zip(names, units, strict=True))
 
     low, high = 0.0, 1e15
     if passes(high):
@@ -83,6 +115,30 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
             (low + high) / 2)
         low, high = (middle, high) if passes(middle) else (low, middle)
     return rows(low)
+
+
+def best_unit(total: np.ndarray | None, count: int, direction: np.ndarray,
+              threshold: float) -> np.ndarray:
+    """The residual unit (norm ≤ 1) furthest along ``direction`` that keeps ‖S + u‖ < c·√(n+1).
+
+    ``total`` is the rogue's S so far and ``count`` its n; the search runs over the plane of
+    ``direction`` and S (where the best unit lies), 721 angles × 101 lengths.
+    """
+    if total is None:
+        return direction
+    radius = threshold * math.sqrt(count + 1) * (1 - 1e-3)
+    across = total - (total @ direction) * direction
+    size = np.linalg.norm(across)
+    across = across / size if size > 0 else np.zeros_like(direction)
+    best, score = np.zeros_like(direction), 0.0
+    for theta in np.linspace(-math.pi, math.pi, 721):
+        way = math.cos(theta) * direction + math.sin(theta) * across
+        for length in np.linspace(1.0, 0.0, 101):
+            if np.linalg.norm(total + length * way) < radius:
+                if length * math.cos(theta) > score:
+                    best, score = length * way, length * math.cos(theta)
+                break
+    return best
 
 
 @dataclass
@@ -107,12 +163,13 @@ def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any]) -> FitRes:
 
 def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", rounds: int = 80,
                    devices: int = 10, nu: float = 5.0, workdir: Path | None = None,
-                   factor: float | None = None,
+                   factor: float | None = None, overrides: dict[str, Any] | None = None,
                    trace: Callable[[int, np.ndarray, Any], None] | None = None) -> Outcome:
     """One synthetic federation of ``devices`` real clients, ``rogues`` of them adaptive rogues.
 
     Every device is sampled every round (k = 2, Laplace ν, E = 5); devices ``0 .. rogues-1``
-    are the rogues. ``factor`` overrides the screening's relative factor (None: the default);
+    are the rogues. ``factor`` overrides the screening's relative factor (None: the default),
+    ``overrides`` any other federation setting;
     ``trace(round, hypotheses, record)`` sees each round.
     """
     # Ledgers and summaries are written with fsync every round: in memory where there is a
@@ -124,7 +181,7 @@ def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", roun
             "mechanism": "laplace", "noise-multiplier": nu, "users": devices,
             "clients-per-round": devices, "min-replies": 1, "num-rounds": rounds,
             "local-epochs": 5, "seed": seed, "patience": 0, "out-dir": f"{tmp}/run",
-            "cluster-aggregator": aggregator,
+            "cluster-aggregator": aggregator, **(overrides or {}),
         }
         components, _ = build_components(run)
         assert components.server is not None
@@ -160,7 +217,8 @@ def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", roun
             rogue_here = [cid for cid in replies if cid in rogue_ids]
             if rogue_here:
                 forged = largest_accepted(np.array(honest, np.float32).reshape(-1, 2), current,
-                                          strategy, count=len(rogue_here))
+                                          strategy, count=len(rogue_here),
+                                          names=[f"client-{cid}" for cid in rogue_here])
                 for row, cid in zip(forged, rogue_here, strict=True):
                     arrays, metrics = replies[cid]
                     if not metrics.get("declined"):
@@ -230,6 +288,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=80)
     parser.add_argument("--aggregators", default="mean,median,trimmed-mean,krum,clipped-mean")
     parser.add_argument("--rogues", default="0,1,2")
+    parser.add_argument("--server-update", default="mean", help="the server-update setting")
+    parser.add_argument("--persistence", type=float, default=0.0,
+                        help="the persistence-threshold setting (0: off)")
     parser.add_argument("--out", type=Path, help="write the per-seed results here (JSON)")
     parser.add_argument("--combine", type=Path, nargs="*", default=[],
                         help="print the table of these saved results instead of running")
@@ -240,14 +301,19 @@ def main(argv: Sequence[str] | None = None) -> None:
             for aggregator, by_count in json.loads(path.read_text()).items():
                 results.setdefault(aggregator, {}).update(by_count)
     else:
+        overrides = {"server-update": args.server_update,
+                     "persistence-threshold": args.persistence}
+        extra = "".join([f", {args.server_update}" if args.server_update != "mean" else "",
+                         f", c = {args.persistence:g}" if args.persistence else ""])
         for aggregator in args.aggregators.split(","):
+            label = aggregator + extra
             for count in args.rogues.split(","):
                 for seed in range(args.seeds):
                     outcome = run_federation(seed, rogues=int(count), aggregator=aggregator,
-                                             rounds=args.rounds)
-                    results.setdefault(aggregator, {}).setdefault(count, {})[str(seed)] = (
+                                             rounds=args.rounds, overrides=overrides)
+                    results.setdefault(label, {}).setdefault(count, {})[str(seed)] = (
                         outcome.__dict__)
-                    print(f"{aggregator} rogues={count} seed={seed}: {outcome}", flush=True)
+                    print(f"{label} rogues={count} seed={seed}: {outcome}", flush=True)
                 if args.out:
                     args.out.write_text(json.dumps(results, indent=1))
     print("\n".join(table(results, args.rounds)))
