@@ -291,6 +291,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--server-update", default="mean", help="the server-update setting")
     parser.add_argument("--persistence", type=float, default=0.0,
                         help="the persistence-threshold setting (0: off)")
+    parser.add_argument("--reseed-after", type=int, default=0, help="the reseed-after setting")
     parser.add_argument("--out", type=Path, help="write the per-seed results here (JSON)")
     parser.add_argument("--combine", type=Path, nargs="*", default=[],
                         help="print the table of these saved results instead of running")
@@ -302,9 +303,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 results.setdefault(aggregator, {}).update(by_count)
     else:
         overrides = {"server-update": args.server_update,
-                     "persistence-threshold": args.persistence}
+                     "persistence-threshold": args.persistence,
+                     "reseed-after": args.reseed_after}
         extra = "".join([f", {args.server_update}" if args.server_update != "mean" else "",
-                         f", c = {args.persistence:g}" if args.persistence else ""])
+                         f", c = {args.persistence:g}" if args.persistence else "",
+                         f", re-seed {args.reseed_after}" if args.reseed_after else ""])
         for aggregator in args.aggregators.split(","):
             label = aggregator + extra
             for count in args.rogues.split(","):

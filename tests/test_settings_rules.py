@@ -46,7 +46,7 @@ def test_the_strategy_defaults_are_the_declarations() -> None:
                 continue
             assert param.default == SETTINGS[key].default, name
             checked += 1
-    assert checked == 7  # min-replies, round-timeout, aggregation, ... patience (6, not 0)
+    assert checked == 8  # min-replies, round-timeout, aggregation, ... patience, persistence
     # The server update, when none is given, is the declared one.
     declared = ServerUpdate(*(SETTINGS[k].default for k in (
         "server-update", "server-step", "anneal-after", "anneal-rounds", "reseed-after")))
