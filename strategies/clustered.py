@@ -45,7 +45,7 @@ from strategies.persistence import Persistence, set_aside_persistent
 from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
-from strategies.robust import check_cluster_aggregator, cluster_and_aggregate, trimmed
+from strategies.robust import check_cluster_aggregator, cluster_and_aggregate
 from strategies.sampling import check_int, check_sampling, responsive, sample_devices
 from strategies.server_update import ServerUpdate
 
@@ -197,7 +197,8 @@ class ClusteredStrategy(RecordedStrategy):
 
         self.incomplete_reason: str | None = None
         self.diverged = False  # the devices refused the hypotheses (intake.pushed_away)
-        # _flat is never modified in place, so keeping a reference to the best one is free.
+        # _flat is never modified in place (each round makes a new matrix), so keeping a
+        # reference to the best one costs nothing.
         self._best_flat = self._flat
         self._sampled: tuple[int, list[str], list[str]] = (-1, [], [])  # round, ids, keys
         self._forming = True  # the first configure_fit of this process: devices still joining
@@ -319,9 +320,8 @@ class ClusteredStrategy(RecordedStrategy):
             labels, means = cluster_and_aggregate(
                 released, sigmas, self._flat, aggregation=self.aggregation,
                 cluster_aggregator=self.cluster_aggregator, rng=self._rng)
-            new_flat, _ = self.server_update.apply(
-                self._flat, means, released, labels, self.history, t, self._reseeded,
-                few=None if self.cluster_aggregator == "mean" else trimmed)
+            new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
+                                                   self.history, t, self._reseeded)
         if kept is None and not np.isfinite(new_flat).all():
             # Unreachable with screened replies (see strategies.norms); a last guard that the
             # hypotheses never hold a NaN or an inf.

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,8 +111,7 @@ class ServerUpdate:
 
     def apply(self, hypotheses: np.ndarray, means: np.ndarray, released: np.ndarray,
               labels: np.ndarray, history: Sequence[RoundRecord], round: int,
-              reseeded: dict[int, int], few: Callable[[int], int] | None = None,
-              ) -> tuple[np.ndarray, list[tuple[int, int]]]:
+              reseeded: dict[int, int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """Return this round's new hypotheses and the splits made (``(live, dead)`` pairs).
 
         Parameters
@@ -129,10 +128,6 @@ class ServerUpdate:
             The round each hypothesis was last re-seeded in; updated in place. The rounds up to
             a re-seeding count neither towards the hypothesis being dead again nor towards the
             annealing (after a split the hypotheses travel again with the full step).
-        few : callable, optional
-            ``few(m)``: the most releases of a round's m that leave a cluster's hypothesis where
-            it is (a robust aggregator's :func:`strategies.robust.trimmed`); such a cluster
-            counts as empty. None: only an empty one does.
         """
         last_split = max(reseeded.values(), default=0)
         losses = [(r.round, r.val_loss) for r in history if r.round >= last_split]
@@ -142,7 +137,7 @@ class ServerUpdate:
         k = hypotheses.shape[0]
         rounds = [(r.round, r.cluster_sizes) for r in history if r.round > 0 and r.kept is None]
         rounds.append((round, np.bincount(labels, minlength=k).tolist()))
-        dead = dead_hypotheses(rounds, self.reseed_after, reseeded, few)
+        dead = dead_hypotheses(rounds, self.reseed_after, reseeded)
         if not dead:
             return new, []
         new, splits = reseed(new, released, labels, dead)
@@ -193,13 +188,8 @@ def step_towards(hypotheses: np.ndarray, means: np.ndarray, eta: float) -> np.nd
 
 
 def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
-                    reseeded: dict[int, int] | None = None,
-                    few: Callable[[int], int] | None = None) -> list[int]:
+                    reseeded: dict[int, int] | None = None) -> list[int]:
     """Return the hypotheses whose cluster was empty in each of the last ``after`` rounds.
-
-    Under a robust aggregator a cluster of at most ``few(m)`` of a round's m releases keeps its
-    hypothesis (it could be rogues only: :mod:`strategies.robust`), so it counts as empty: a
-    hypothesis that only rogues reach, round after round, is re-seeded too.
 
     Parameters
     ----------
@@ -209,8 +199,6 @@ def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
         How many rounds make a hypothesis dead (0: none ever is).
     reseeded : dict of int to int, optional
         The round each hypothesis was last re-seeded in: only later rounds count for it.
-    few : callable, optional
-        ``few(m)``, see above; None: only an empty cluster counts.
     """
     if after <= 0:
         return []
@@ -219,8 +207,7 @@ def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
     dead = []
     for j in range(k):
         since = reseeded.get(j, 0)
-        recent = [sizes[j] > (few(sum(sizes)) if few else 0)
-                  for t, sizes in rounds if t > since][-after:]
+        recent = [sizes[j] for t, sizes in rounds if t > since][-after:]
         if len(recent) == after and not any(recent):
             dead.append(j)
     return dead

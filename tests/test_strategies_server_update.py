@@ -113,18 +113,6 @@ def test_dead_hypotheses_are_empty_in_each_of_the_last_rounds() -> None:
     assert dead_hypotheses(rounds, 1, {1: 3}) == [1]
 
 
-def test_under_a_robust_aggregator_a_cluster_of_few_releases_counts_as_empty() -> None:
-    # 10 releases a round; trimmed(10) = 2: a cluster of 1 or 2 keeps its hypothesis (it could
-    # be rogues only), so a hypothesis that only such clusters reach is re-seeded too.
-    from strategies.robust import trimmed
-
-    rounds = [(1, [9, 1]), (2, [8, 2]), (3, [8, 2]), (4, [7, 3])]
-
-    assert dead_hypotheses(rounds[:3], 3) == []
-    assert dead_hypotheses(rounds[:3], 3, few=trimmed) == [1]
-    assert dead_hypotheses(rounds, 3, few=trimmed) == []  # round 4 gave it three
-
-
 def test_split_cluster_goes_one_standard_deviation_along_the_principal_axis() -> None:
     # x = 0, 2, 4, 6 (y = 0): mean 3, sample variance (9 + 1 + 1 + 9) / 3 = 20/3, s = 2.5820;
     # the principal axis is (1, 0). Centre (3, 1) → (0.4180, 1) and (5.5820, 1).
