@@ -343,6 +343,8 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
     if "superlink" in watch.died:
         reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run" + (
             f" (started again {restarts} time(s) on its database)" if restarts else "")
+    elif watch.serverapp_gone:
+        reason = f"the ServerApp exited during the run (its process ended; see {fed.logs})"
     else:
         reason = (f"the ServerApp ended before the run did (flwr run exit code "
                   f"{proc.returncode}; see {fed.logs / 'flwr-run.log'})")

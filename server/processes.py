@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +33,8 @@ from server.watchdog import Watchdog
 logger = logging.getLogger(__name__)
 
 _PR_SET_CHILD_SUBREAPER = 36
+#: Seconds a ServerApp may be gone while its run's stream goes on before the launcher ends it.
+SERVERAPP_GRACE_S = 8.0
 
 
 def become_subreaper() -> bool:
@@ -143,7 +146,9 @@ class ProcessWatch:
     round deadline and quorum decide whether it can). When the SuperLink exits, the log stream
     (``flwr run``) is ended at once: with ``superlink_restarts`` the launcher starts the SuperLink
     again on its database and follows the run anew, otherwise the run cannot go on and the launch
-    reports it incomplete.
+    reports it incomplete. A ServerApp (``flwr-serverapp``, a grandchild) that has been seen and
+    is gone for :data:`SERVERAPP_GRACE_S` while the stream still runs ends the stream too: Flower
+    itself marks the run failed only when the ServerApp's heartbeat expires, about a minute later.
     """
 
     def __init__(self, procs: ProcessSet, echo: Callable[[str], None],
@@ -151,6 +156,9 @@ class ProcessWatch:
         self.procs, self.echo, self.interval = procs, echo, interval
         self.superlink_restarts = superlink_restarts
         self.died: dict[str, int] = {}
+        self.serverapp_gone = False
+        self._serverapp_seen = False
+        self._serverapp_missing_since: float | None = None
         self._seen: set[int] = set()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -188,6 +196,25 @@ class ProcessWatch:
                     run.terminate()
             else:
                 self.echo(f"gpfl: {name} exited (code {code}); the run goes on without it")
+        self._check_serverapp()
+
+    def _check_serverapp(self) -> None:
+        run = self.procs.procs.get("flwr-run")
+        if run is None or run.poll() is not None or self.serverapp_gone or "superlink" in self.died:
+            return
+        if descendant_running("flwr-serverapp"):
+            self._serverapp_seen, self._serverapp_missing_since = True, None
+            return
+        if not self._serverapp_seen:
+            return
+        now = time.monotonic()
+        if self._serverapp_missing_since is None:
+            self._serverapp_missing_since = now
+        elif now - self._serverapp_missing_since >= SERVERAPP_GRACE_S:
+            # A ServerApp that finished normally ends the stream within a second or two.
+            self.serverapp_gone = True
+            self.echo("gpfl: the ServerApp exited before the run ended; the run cannot go on")
+            run.terminate()
 
 
 def _reap(proc: subprocess.Popen[Any]) -> None:

@@ -160,6 +160,42 @@ def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
     assert flower_processes() == []
 
 
+@pytest.mark.timeout(300)
+def test_a_dead_serverapp_ends_the_launch_at_once_with_its_reason(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: the ServerApp process alone (flwr-serverapp, started by the SuperExec) is
+    # SIGKILLed once round 1 is recorded; the SuperLink and the SuperNodes live on.
+    import time
+
+    import psutil
+
+    killed: list[float] = []
+
+    def kill_serverapp(line: str, fed: Federation) -> None:
+        if "[gpfl] round 1/" in line and not killed:
+            apps = [p for p in psutil.Process().children(recursive=True)
+                    if any(Path(part).name == "flwr-serverapp" for part in p.cmdline()[:2])]
+            assert len(apps) == 1
+            apps[0].kill()
+            killed.append(time.monotonic())
+
+    # Execute
+    result = launch(supernodes=2, out_dir=tmp_path / "run", echo=lambda _: None, timeout=200,
+                    run_config={"num-rounds": 30, "clients-per-round": 2, "patience": 0},
+                    on_line=kill_serverapp)
+
+    # Assert: the launcher saw the ServerApp go (before, it waited for Flower to notice, about
+    # a minute, and then could only say that `flwr run` had ended); resumable.
+    ended = time.monotonic()
+    assert killed
+    assert result.status == "incomplete" and not result.finished
+    assert "the ServerApp exited during the run" in result.summary["incomplete_reason"]
+    assert "gpfl launch --resume" in describe(result)
+    print(f"the launch ended {ended - killed[0]:.1f} s after the ServerApp was killed")
+    assert flower_processes() == []
+
+
 #: Appended to a copy of the client: the device named client-1 sends garbage every round
 #: (after charging its ledger honestly): NaN in round 1, 4, ...; a wrong shape in round 2, 5,
 #: ...; its release times 1e12 in round 3, 6, ...
