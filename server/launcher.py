@@ -377,7 +377,10 @@ def describe(result: LaunchResult) -> str:
     spend = s.get("ledgers") or priv
     source = "devices' ledgers" if s.get("ledgers") else "as reported"
     lines = [
-        f"gpfl: {s.get('rounds_completed')} rounds"
+        f"gpfl: {s.get('last_round', s.get('rounds_completed'))} rounds"
+        # A round with too few usable replies keeps the hypotheses: say so, not "1 rounds".
+        + (f" ({s.get('rounds_completed')} changed the hypotheses)"
+           if s.get("last_round", s.get("rounds_completed")) != s.get("rounds_completed") else "")
         + (" (stopped early: no improvement)" if s.get("stopped_early") else ""),
         f"gpfl: best validation loss {s.get('best_val_loss')}",
         "gpfl: hypotheses " + "; ".join(

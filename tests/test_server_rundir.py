@@ -156,6 +156,13 @@ def test_the_closing_lines_quote_the_ledgers_and_say_how_to_resume() -> None:
     assert "gpfl launch --resume /runs/x" in text
     complete = describe(result("complete"))
     assert "as reported): median 0.4, max 0.8" in complete and "resume" not in complete
+    assert complete.startswith("gpfl: 2 rounds\n")
+
+
+def test_the_closing_line_counts_rounds_that_kept_the_hypotheses() -> None:
+    # 4 rounds ran; in 3 of them too few usable replies came (the hypotheses were kept).
+    text = describe(result("complete", last_round=4, rounds_completed=1))
+    assert text.startswith("gpfl: 4 rounds (1 changed the hypotheses)\n")
 
 
 @pytest.mark.parametrize(("status", "code"), [("complete", 0), ("stopped-early", 0),
