@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from mechanisms import PrivacyLedger
-from server.launcher import Federation, launch
+from server.launcher import Federation, describe, launch
 from tests.conftest import flower_processes
 from tests.test_integration_faults import ROGUE_CLIENT, rogue_app, signal_tree
 
@@ -214,4 +214,60 @@ def test_a_far_releasing_rogue_over_real_processes_cannot_blow_the_hypotheses_up
         assert entry["failures"] == 0, entry  # no device refused the hypotheses
     values = np.array(summary["last_hypotheses"], dtype=float)
     assert np.isfinite(values).all() and np.abs(values).max() < 1e5
+    assert flower_processes() == []
+
+
+#: Appended to a copy of the client: client-1 charges honestly, then releases its own offset
+#: from the hypothesis amplified 250 times (its own distance is a few times the round's median,
+#: so the screening's bound of 1000 x that median usually lets it pass). With one hypothesis
+#: every device trains from where the rogue moved it; updates are clipped, so the push grows
+#: the hypothesis by about a hundred a round rather than compounding.
+COMPOUNDING_ROGUE = """
+
+import numpy as _np
+
+_honest_fit = GpflClient.fit
+
+
+def _rogue_fit(self, parameters, config):
+    arrays, count, metrics = _honest_fit(self, parameters, config)
+    if self.policy.client_name != "client-1" or not arrays:
+        return arrays, count, metrics
+    h0 = _np.asarray(parameters[0], dtype=_np.float64)
+    release = h0 + 250.0 * (_np.asarray(arrays[0], dtype=_np.float64) - h0)
+    return [release.astype(_np.float32)], count, metrics
+
+
+GpflClient.fit = _rogue_fit
+"""
+
+
+@pytest.mark.timeout(300)
+def test_hypotheses_pushed_beyond_the_devices_range_end_the_run_diverged_naming_the_rogue(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: 3 devices, all asked every round, one hypothesis, the default (papers') mean;
+    # client-1 pushes; the two honest devices accept no hypothesis value beyond 50 (their own
+    # max-parameter, the device's bound on what it trains from).
+    app = rogue_app(tmp_path / "rogue-app")
+    client = app / "client" / "numpy_client.py"
+    client.write_text(client.read_text().replace(ROGUE_CLIENT, COMPOUNDING_ROGUE))
+
+    # Execute
+    result = launch(
+        supernodes=3, out_dir=tmp_path / "run", echo=lambda _: None, timeout=260, app_dir=app,
+        run_config={"num-rounds": 12, "clients-per-round": 3, "patience": 0, "seed": 4,
+                    "num-hypotheses": 1},
+        node_configs={0: {"max-parameter": 50.0}, 2: {"max-parameter": 50.0}},
+        node_env={1: {"PYTHONPATH": str(app)}},
+    )
+
+    # Assert: the honest devices refused hypotheses beyond their max-parameter; the run ended
+    # "diverged" (exit 4, not resumable) and names the device whose releases moved them.
+    summary = result.summary
+    assert result.status == "diverged", summary.get("incomplete_reason")
+    reason = summary["incomplete_reason"]
+    assert "pushed away" in reason and "client-1" in reason
+    assert summary["last_round"] < 12
+    assert "run diverged" in describe(result)
     assert flower_processes() == []
