@@ -82,7 +82,7 @@ def specs(profile: str, seeds: list[int]) -> list[tuple[str, float, int, int, Fe
             itertools.product(seeds, p["ks"], nus[d])]
     for dataset, seed, k, nu in todo:
         common: dict[str, Any] = {"num-hypotheses": k, "patience": 0, "eval-every": 1,
-                                  "seed": seed, "data-seed": 0, **laplace_or_none(nu)}
+                                  "seed": seed, "data-seed": seed, **laplace_or_none(nu)}
         if dataset == "synthetic":
             config = {
                 "task": "fairness", "minority-fraction": 0.2, "samples-per-user": 10,

@@ -259,7 +259,7 @@ class ClusteredStrategy(RecordedStrategy):
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
             min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
             records=self.clients, keys=self.device_keys,
-            superseded=self._screen.names.superseded() | {
+            excluded=self._screen.names.superseded() | {
                 cid for cid, r in self.clients.items() if r.name in self._persistence.set_aside})
         self._forming = False
         if not chosen:

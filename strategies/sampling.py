@@ -112,7 +112,7 @@ def sample_devices(
     forming: bool,
     records: Mapping[str, ClientRecord] | None = None,
     keys: DeviceKeys | None = None,
-    superseded: Collection[str] = (),
+    excluded: Collection[str] = (),
 ) -> tuple[dict[str, ClientProxy], list[str]]:
     """Wait for enough connected devices, then sample up to ``clients_per_round`` of them.
 
@@ -139,9 +139,10 @@ def sample_devices(
         resting ones are not sampled (see the module notes).
     keys : DeviceKeys, optional
         Draws the sample by the devices' keys (``rng`` is then not used); None: ``rng``.
-    superseded : collection of str
-        Nodes whose device now speaks from a newer node (a restart): never asked, not counted
-        towards the quorum.
+    excluded : collection of str
+        Nodes never asked and not counted towards the quorum: the old registration of a
+        restarted device (its name moved to a newer node), and devices set aside by the
+        persistence test (:mod:`strategies.persistence`).
 
     Returns
     -------
@@ -163,7 +164,7 @@ def sample_devices(
         _LOG.info("round %d: %d devices connected; waiting up to %g s for min-replies=%d",
                   t, connected, round_timeout, min_replies)
         client_manager.wait_for(min_replies, timeout=math.ceil(round_timeout))
-    stale = set(superseded)
+    stale = set(excluded)
 
     def current() -> dict[str, ClientProxy]:
         return {cid: p for cid, p in client_manager.all().items() if cid not in stale}
