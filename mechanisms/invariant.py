@@ -35,7 +35,7 @@ import numpy as np
 
 from mechanisms._numeric import sum_of_squares
 from mechanisms.base import Mechanism, PrivacyEvent
-from mechanisms.clipping import clip_elementwise, clip_l2, l2_sensitivity
+from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2, l2_sensitivity
 from mechanisms.events import (
     GaussianReleaseEvent,
     MetricPrivacyEvent,
@@ -213,7 +213,7 @@ def _check_gaussian(
 ) -> None:
     """Gaussian: ‖noise‖² is σ²·χ²_n; σ must be at least z·(Δ + D)."""
     clip, mode = getattr(mechanism, "clip", None), getattr(mechanism, "clip_mode", None)
-    if not isinstance(clip, float) or mode not in ("l2", "elementwise"):
+    if not isinstance(clip, float) or mode not in CLIP_MODES:
         raise ReleaseRefused("a Gaussian release from a mechanism without a clipping bound")
     n = sum(u.size for u in upd)
     sigma = event.noise_multiplier * (l2_sensitivity(mode, clip, n) + spread)
@@ -238,7 +238,7 @@ def _check_sign(
     """Stochastic sign: only ±1, drawn with σ at least z·Δ (the noise itself is not visible)."""
     clip, mode = getattr(mechanism, "clip", None), getattr(mechanism, "clip_mode", None)
     sigma_of = getattr(mechanism, "sigma", None)
-    if not isinstance(clip, float) or mode not in ("l2", "elementwise") or sigma_of is None:
+    if not isinstance(clip, float) or mode not in CLIP_MODES or sigma_of is None:
         raise ReleaseRefused("a sign release from a mechanism without a clipping bound")
     for i, o in enumerate(out):
         if not np.isin(o, (-1.0, 1.0)).all():
