@@ -2,148 +2,66 @@
 
 Each declaration says the setting's name, type, default, bounds and owner (see
 :mod:`settings.schema` for what the owners mean). Value checks a type and bounds cannot say
-(names, hashes, optima, device strings) are the small functions beside them.
+(names, hashes, optima, device strings) are :mod:`settings.checks`; the ranges and value
+sets, :mod:`settings.values`.
 """
 
 from __future__ import annotations
 
-import math
-import re
+from collections.abc import Callable
 
+from settings.checks import (
+    check_allowed_tasks,
+    check_column_list,
+    check_device,
+    check_fab_hashes,
+    check_name,
+    check_number_list,
+    check_optima,
+    check_positive_list,
+    check_task_name,
+)
 from settings.setting import Setting
-
-# ------------------------------------------------------------------------------ ranges
-# Every number a server sends is bounded here, so that no value derived from it on a device
-# (noise scales, radii, costs, training steps) can overflow, underflow to zero or exhaust the
-# device: ν·‖δ‖ stays far below float64's 1.8e308 for any model values a device accepts
-# (max-parameter), and an epsilon of 1e6 already means "no privacy" for any model.
-#: The largest privacy parameter (ν, ε, radius, clip) a run may ask for.
-MAX_PRIVACY_PARAMETER = 1e6
-#: The largest local step: beyond it SGD diverges on any task (a diverged model is released as
-#: the hypothesis plus noise, see client.release).
-MAX_LEARNING_RATE = 1e3
-#: The most local epochs of one round (a device's round time grows with them).
-MAX_EPOCHS = 10_000
-#: The largest count of rounds, samples, users, batch or planned releases.
-MAX_COUNT = 10_000_000
-#: The most hypotheses an instruction may carry (a device bounds it lower: max-hypotheses).
-MAX_HYPOTHESES = 1_000
-#: The largest magnitude of a coordinate of an optimum of the generated tasks (and of a public
-#: feature mean of the tabular task).
-MAX_OPTIMUM = 1e6
-#: The widest hidden layer of the tabular MLP (its memory is the device's).
-MAX_HIDDEN_UNITS = 10_000
-
-_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+from settings.values import (
+    AGGREGATIONS,
+    CLIP_MODES,
+    CLUSTER_AGGREGATORS,
+    MAX_COUNT,
+    MAX_EPOCHS,
+    MAX_HIDDEN_UNITS,
+    MAX_HYPOTHESES,
+    MAX_LEARNING_RATE,
+    MAX_PRIVACY_PARAMETER,
+    MAX_RECORD_STEPS,
+    MECHANISMS,
+    RECORD_CLIPPING,
+    RECORD_RELATIONS,
+    SAMPLE_BY,
+    SERVER_UPDATES,
+)
 
 
-def _check_name(text: str) -> None:
-    if text and not _NAME.fullmatch(text):
-        raise ValueError("must be letters, digits, '_', '-' or '.' (not starting with '.')")
+def _cap(name: str, what: str, device_default: float, group: str = "privacy") -> Setting:
+    """Declare a cap on a device's total spend: a run may ask for a lower one (0 = no request)."""
+    return Setting(name, float, 0.0, f"cap on {what}; 0 = no request, the device's cap applies",
+                   owner="both", stricter="min", device_default=device_default, unset=0.0,
+                   group=group, minimum=0.0)
 
 
-def _check_task_name(text: str) -> None:
-    if not _NAME.fullmatch(text):
-        raise ValueError("must be a task name: letters, digits, '_', '-' or '.' (not starting "
-                         "with '.')")
-
-
-def _check_column_list(text: str) -> None:
-    items = [c.strip() for c in text.split(",")] if text else []
-    if any(not c for c in items):
-        raise ValueError("must be comma-separated names, none of them empty")
-    if len(set(items)) != len(items):
-        raise ValueError("must not name a column twice")
-
-
-def _check_number_list(text: str) -> None:
-    try:
-        values = [float(v) for v in text.split(",")] if text else []
-    except ValueError:
-        raise ValueError("must be comma-separated numbers") from None
-    if any(not math.isfinite(v) or abs(v) > MAX_OPTIMUM for v in values):
-        raise ValueError(f"must hold finite numbers of magnitude at most {MAX_OPTIMUM:g}")
-
-
-def _check_allowed_tasks(text: str) -> None:
-    if text == "*":
-        return
-    for name in text.split(",") if text else []:
-        _check_task_name(name.strip())
-
-
-_FAB_HASH = re.compile(r"[0-9a-f]{64}")
-
-
-def _check_fab_hashes(text: str) -> None:
-    if any(not _FAB_HASH.fullmatch(h) for h in text.split(",") if text):
-        raise ValueError("must be comma-separated SHA-256 hashes (64 lower-case hex digits)")
-
-
-def _check_positive_list(text: str) -> None:
-    if not text:
-        return
-    try:
-        values = [float(v) for v in text.split(",")]
-    except ValueError:
-        raise ValueError("must be comma-separated numbers") from None
-    if any(not math.isfinite(v) or v <= 0 or v > MAX_PRIVACY_PARAMETER for v in values):
-        raise ValueError(f"must hold positive numbers of at most {MAX_PRIVACY_PARAMETER:g}")
-
-
-def _check_optima(text: str) -> None:
-    rows = text.split(";")
-    if any(not row.strip() for row in rows):
-        raise ValueError("must be ';'-separated vectors, none of them empty")
-    try:
-        vectors = [[float(v) for v in row.split(",")] for row in rows]
-    except ValueError:
-        raise ValueError("must be ';'-separated vectors of ','-separated numbers") from None
-    if not vectors or len({len(v) for v in vectors}) != 1:
-        raise ValueError("must hold at least one vector, all of the same length")
-    if any(not math.isfinite(x) or abs(x) > MAX_OPTIMUM for v in vectors for x in v):
-        raise ValueError(f"must hold finite numbers of magnitude at most {MAX_OPTIMUM:g}")
-
-
-def parse_optima(text: str) -> list[list[float]]:
-    """Parse the ``optima`` setting (already checked) into vectors."""
-    return [[float(v) for v in part.split(",")] for part in text.split(";")]
-
-
-_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
-
-
-def _check_device(text: str) -> None:
-    if not _DEVICE.fullmatch(text):
-        raise ValueError("must be auto, cpu, cuda or cuda:N")
+def _task_list(name: str, default: str, text: str,
+               check: Callable[[str], None] = check_column_list) -> Setting:
+    """Declare a task's comma-separated list (column names unless ``check`` says otherwise)."""
+    return Setting(name, str, default, text, group="tasks", check=check)
 
 
 # ------------------------------------------------------------------------------ declarations
-MECHANISMS = ("laplace", "gaussian", "sign", "none", "dpsgd")
-#: Record-level clipping strategies (mechanisms.record_clipping.CLIPPING_STRATEGIES implements
-#: these; tests/test_record_settings.py ties the two).
-RECORD_CLIPPING = ("fixed", "quantile", "oso")
-#: The neighbouring relations a record-level guarantee is stated under.
-RECORD_RELATIONS = ("add-remove", "replace-one")
-#: The most DP-SGD steps of one record-level release (a device's round time grows with them).
-MAX_RECORD_STEPS = 100_000
-#: How a cluster's releases are weighted (strategies.aggregation implements each).
-AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
-#: How a hypothesis moves toward its cluster's aggregate (strategies.server_update).
-SERVER_UPDATES = ("mean", "step", "anneal")
-#: What a cluster of releases becomes (strategies.robust implements each).
-CLUSTER_AGGREGATORS = ("mean", "clipped-mean", "median", "trimmed-mean", "krum")
-#: Clipping of a Gaussian/sign update; mechanisms.clipping.CLIP_MODES implements these (mechanisms
-#: imports no gpfl package, so it keeps its own tuple; tests/test_settings_rules.py ties the two).
-CLIP_MODES = ("l2", "elementwise")
-
 _DECLARATIONS: tuple[Setting, ...] = (
     # -- the run ---------------------------------------------------------------------------------
     # A name, not a fixed list: each side resolves it against the task plugins installed on it
     # (entry-point group gpfl.tasks, docs/TASKS.md); a device also against its allowed-tasks.
     Setting("task", str, "synthetic",
             "the learning task: a name an installed plugin registers (built in: synthetic, "
-            "fairness, digits, femnist, hospital, tabular)", check=_check_task_name),
+            "fairness, digits, femnist, hospital, tabular)", check=check_task_name),
     Setting("num-hypotheses", int, 2,
             "k, the number of models (one per group of clients); a device serves at most its "
             "max-hypotheses", minimum=1, maximum=MAX_HYPOTHESES),
@@ -160,7 +78,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "what keys each round's draw of devices, with the seed and the round: \"node\" "
             "(the node id the SuperLink assigns) or \"name\" (the client-name each device "
             "announces when asked: runs at one seed ask the same devices; for federations "
-            "whose names the server trusts)", choices=("node", "name")),
+            "whose names the server trusts)", choices=SAMPLE_BY),
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
     # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
     # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an
@@ -179,7 +97,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "run); out-dir defaults to it"),
     Setting("server-device", str, "auto",
             "where the ServerApp validates (torch tasks): auto, cpu, cuda or cuda:N",
-            check=_check_device),
+            check=check_device),
     # -- local training --------------------------------------------------------------------------
     Setting("local-epochs", int, 1, "E, local epochs per round", group="training", minimum=1,
             maximum=MAX_EPOCHS),
@@ -214,7 +132,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             group="privacy", minimum=0.0, open_minimum=True, maximum=MAX_PRIVACY_PARAMETER),
     Setting("client-epsilons", str, "",
             "gaussian/sign, simulation: partition p asks for epsilon number p mod len "
-            "(e.g. \"1,5,10\")", group="privacy", check=_check_positive_list),
+            "(e.g. \"1,5,10\")", group="privacy", check=check_positive_list),
     Setting("delta", float, 1e-5,
             "gaussian/sign: the target delta; the device's is a maximum and the delta its "
             "ledger reports at", owner="both", stricter="min", device_default=1e-5,
@@ -226,14 +144,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("planned-releases", int, 0,
             "gaussian/sign: releases the epsilon target is spread over (0 = num-rounds)",
             group="privacy", minimum=0, maximum=MAX_COUNT),
-    Setting("cap-d-privacy", float, 0.0,
-            "cap on a client's total d-privacy spend Σ epsilon·r (laplace); 0 = no request, "
-            "the device's cap applies", owner="both", stricter="min", device_default=50.0,
-            unset=0.0, group="privacy", minimum=0.0),
-    Setting("cap-epsilon", float, 0.0,
-            "cap on a client's RDP-composed epsilon at its delta (gaussian, sign); 0 = no "
-            "request, the device's cap applies", owner="both", stricter="min",
-            device_default=10.0, unset=0.0, group="privacy", minimum=0.0),
+    _cap("cap-d-privacy", "a client's total d-privacy spend Σ epsilon·r (laplace)", 50.0),
+    _cap("cap-epsilon", "a client's RDP-composed epsilon at its delta (gaussian, sign)", 10.0),
     # -- record-level privacy (mechanism dpsgd): DP-SGD on the device ------------------------------
     # Every number here is public and known before training: the charge (q, ν, T, relation) is
     # computed from them alone. batch-size is the public expected batch m that normalizes a
@@ -268,10 +180,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "dpsgd, k >= 2: each record's loss is clipped to [0, this] before the report-"
             "noisy-min chooses the hypothesis", group="record", minimum=0.0, open_minimum=True,
             maximum=MAX_PRIVACY_PARAMETER),
-    Setting("cap-record-epsilon", float, 0.0,
-            "cap on a device's RDP-composed record-level epsilon at its delta (dpsgd); 0 = no "
-            "request, the device's cap applies", owner="both", stricter="min",
-            device_default=10.0, unset=0.0, group="record", minimum=0.0),
+    _cap("cap-record-epsilon", "a device's RDP-composed record-level epsilon at its delta "
+         "(dpsgd)", 10.0, group="record"),
     Setting("neighbouring", str, "replace-one",
             "dpsgd: the neighbouring relation of the device's record-level guarantee "
             "(replace-one doubles the sensitivity of every clipped sum)", owner="device",
@@ -319,7 +229,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             minimum=0),
     Setting("optima", str, "5,6;4,-4.5",
             "synthetic, fairness: one optimum per group, `;`-separated vectors", group="tasks",
-            check=_check_optima),
+            check=check_optima),
     Setting("users", int, 0, "training users (0 = one per SuperNode)", group="tasks", minimum=0,
             maximum=MAX_COUNT),
     Setting("samples-per-user", int, 10, "synthetic, fairness: samples of each user",
@@ -347,14 +257,11 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "femnist, hospital, tabular: the data the ServerApp validates on (a file or folder)",
             group="tasks"),
     # -- task plugins and the tabular task (docs/TASKS.md) -----------------------------------------
-    Setting("label-column", str, "label", "tabular: the column holding the label",
-            group="tasks", check=_check_column_list),
-    Setting("feature-columns", str, "",
-            "tabular: the numeric feature columns, comma-separated (at least one)",
-            group="tasks", check=_check_column_list),
-    Setting("classes", str, "0,1",
-            "tabular: the label values, comma-separated, in class order (public: they size "
-            "the model's output)", group="tasks", check=_check_column_list),
+    _task_list("label-column", "label", "tabular: the column holding the label"),
+    _task_list("feature-columns", "",
+               "tabular: the numeric feature columns, comma-separated (at least one)"),
+    _task_list("classes", "0,1", "tabular: the label values, comma-separated, in class order "
+               "(public: they size the model's output)"),
     Setting("tabular-model", str, "logistic",
             "tabular: multinomial logistic regression, or an MLP with one hidden layer",
             group="tasks", choices=("logistic", "mlp")),
@@ -364,26 +271,24 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "tabular: scale features with each side's own mean and std (device), the run's "
             "public feature-means/feature-scales (public), or not at all (none)",
             group="tasks", choices=("device", "public", "none")),
-    Setting("feature-means", str, "",
-            "tabular, standardize=public: one mean per feature column, comma-separated",
-            group="tasks", check=_check_number_list),
-    Setting("feature-scales", str, "",
-            "tabular, standardize=public: one positive scale per feature column",
-            group="tasks", check=_check_positive_list),
+    _task_list("feature-means", "",
+               "tabular, standardize=public: one mean per feature column, comma-separated",
+               check=check_number_list),
+    _task_list("feature-scales", "",
+               "tabular, standardize=public: one positive scale per feature column",
+               check=check_positive_list),
     Setting("tabular-split", str, "none",
             "tabular: the data-path file is the device's own (none), or one file split among "
             "num-partitions devices by Flower Datasets (iid, dirichlet over the label, "
             "natural-id on split-column): the Simulation Engine's virtual devices",
             group="tasks", choices=("none", "iid", "dirichlet", "natural-id")),
-    Setting("split-column", str, "", "tabular-split=natural-id: the column naming each device",
-            group="tasks", check=_check_column_list),
-    Setting("validation-column", str, "",
-            "tabular: rows of server-data-path with one value of this column are one held-out "
-            "user (\"\" = the whole file is one)", group="tasks", check=_check_column_list),
+    _task_list("split-column", "", "tabular-split=natural-id: the column naming each device"),
+    _task_list("validation-column", "", "tabular: rows of server-data-path with one value of "
+               "this column are one held-out user (\"\" = the whole file is one)"),
     Setting("allowed-tasks", str, "*",
             "the task names this device serves, comma-separated (* = every task installed on "
             "it); a run naming another is declined", owner="device", group="device",
-            check=_check_allowed_tasks),
+            check=check_allowed_tasks),
     # -- the device (node config, or the policy file it names) ------------------------------------
     Setting("partition-id", int, 0, "which partition of the task's data this device holds",
             owner="device", group="device", minimum=0),
@@ -391,7 +296,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             owner="device", group="device", minimum=1),
     Setting("client-name", str, "",
             "the device's name in replies and its ledger's file name (\"\" = "
-            "client-<partition-id>)", owner="device", group="device", check=_check_name),
+            "client-<partition-id>)", owner="device", group="device", check=check_name),
     Setting("policy-file", str, "",
             "a TOML file of device settings (node-config keys override it); also "
             "$GPFL_POLICY", owner="device", group="device"),
@@ -411,7 +316,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
             owner="device", group="device", minimum=-1),
     Setting("device", str, "auto",
             "where this device trains (torch tasks): auto, cpu, cuda or cuda:N", owner="device",
-            group="device", check=_check_device),
+            group="device", check=check_device),
     Setting("data-path", str, "",
             "femnist, hospital, tabular: this device's data (a file or folder)",
             owner="device", group="device"),
@@ -426,7 +331,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("trusted-fab-hashes", str, "",
             "gpfl supernode: the FAB hashes (sha256, comma-separated) of runs this device "
             "serves, on top of the installed app id and version (\"\" = any FAB of them)",
-            owner="device", group="device", check=_check_fab_hashes),
+            owner="device", group="device", check=check_fab_hashes),
     Setting("max-parameter", float, 1e6,
             "the largest |value| in a hypothesis this device accepts; a larger one is refused "
             "before anything is computed or charged", owner="device", group="device",

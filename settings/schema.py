@@ -24,17 +24,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from settings.declarations import (
-    _DECLARATIONS,
+from settings.checks import parse_optima
+from settings.declarations import _DECLARATIONS, SETTINGS
+from settings.setting import Setting, SettingError
+from settings.values import (
     AGGREGATIONS,
     CLIP_MODES,
     CLUSTER_AGGREGATORS,
     MECHANISMS,
+    SAMPLE_BY,
     SERVER_UPDATES,
-    SETTINGS,
-    parse_optima,
 )
-from settings.setting import Setting, SettingError
 
 __all__ = [
     "AGGREGATIONS",
@@ -42,6 +42,7 @@ __all__ = [
     "CLUSTER_AGGREGATORS",
     "FLOWER_NODE_KEYS",
     "MECHANISMS",
+    "SAMPLE_BY",
     "SERVER_UPDATES",
     "SETTINGS",
     "Setting",

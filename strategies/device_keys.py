@@ -38,14 +38,13 @@ import numpy as np
 from flwr.common import GetPropertiesIns
 from flwr.server.client_proxy import ClientProxy
 
+from settings import SAMPLE_BY
 from strategies.replies import MAX_NAME, NAME_PATTERN
 
 __all__ = ["SAMPLE_BY", "DeviceKeys", "draw_priority", "lowest_priorities", "seed_of"]
 
 _LOG = logging.getLogger(__name__)
 
-#: What ``sample-by`` may say.
-SAMPLE_BY = ("node", "name")
 #: The most seconds the properties query waits for a node's name.
 NAME_QUERY_TIMEOUT_S = 30.0
 

@@ -294,11 +294,11 @@ def test_an_overflowing_noise_multiplier_is_declined_by_every_device(
     # Prepare: a server whose own settings accept any finite noise multiplier, asking for one
     # that overflows nu * ||delta|| (the devices released their raw models against it).
     app = copy_app(tmp_path / "app")
-    declarations = app / "settings" / "declarations.py"
-    text = declarations.read_text()
+    values = app / "settings" / "values.py"
+    text = values.read_text()
     assert "MAX_PRIVACY_PARAMETER = 1e6\n" in text
-    declarations.write_text(text.replace("MAX_PRIVACY_PARAMETER = 1e6\n",
-                                         "MAX_PRIVACY_PARAMETER = 1.7976931348623157e308\n"))
+    values.write_text(text.replace("MAX_PRIVACY_PARAMETER = 1e6\n",
+                                   "MAX_PRIVACY_PARAMETER = 1.7976931348623157e308\n"))
     before = spent(federation)
 
     # Execute

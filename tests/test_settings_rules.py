@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import mechanisms.clipping
+import mechanisms.laplace
 import strategies
+import strategies.device_keys
 import strategies.replies
 from server.settings import RunSettings
 from settings import AGGREGATIONS, CLIP_MODES, MECHANISMS, SETTINGS, SettingError
@@ -31,9 +33,11 @@ def test_the_value_sets_are_the_declarations() -> None:
     assert SETTINGS["mechanism"].choices is MECHANISMS
     assert strategies.AGGREGATIONS is AGGREGATIONS
     assert strategies.replies.MECHANISMS is MECHANISMS
-    # mechanisms imports no gpfl package (the import contract): its implemented clip modes are
-    # its own tuple, which must be the declared one.
+    assert strategies.device_keys.SAMPLE_BY is SETTINGS["sample-by"].choices
+    # mechanisms imports no gpfl package (the import contract): its implemented clip modes and
+    # calibrations are its own tuples, which must be the declared ones.
     assert mechanisms.clipping.CLIP_MODES == CLIP_MODES
+    assert mechanisms.laplace.CALIBRATIONS == SETTINGS["calibration"].choices
 
 
 def test_the_strategy_defaults_are_the_declarations() -> None:

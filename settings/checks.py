@@ -1,0 +1,118 @@
+"""Value checks a setting's type and bounds cannot say: names, hashes, optima, device strings.
+
+Each ``check_*`` raises ``ValueError`` saying what is wrong (:class:`settings.setting.Setting`
+adds the key and the value); :func:`parse_optima` reads the ``optima`` setting once checked.
+Imports nothing of gpfl but :mod:`settings.values`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from settings.values import MAX_OPTIMUM, MAX_PRIVACY_PARAMETER
+
+__all__ = [
+    "check_allowed_tasks",
+    "check_column_list",
+    "check_device",
+    "check_fab_hashes",
+    "check_name",
+    "check_number_list",
+    "check_optima",
+    "check_positive_list",
+    "check_task_name",
+    "parse_optima",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
+
+
+def check_name(text: str) -> None:
+    """Check a device name: empty, or letters, digits, ``_ - .`` not starting with ``.``."""
+    if text and not _NAME.fullmatch(text):
+        raise ValueError("must be letters, digits, '_', '-' or '.' (not starting with '.')")
+
+
+def check_task_name(text: str) -> None:
+    """Check a task name: letters, digits, ``_ - .``, not starting with ``.``."""
+    if not _NAME.fullmatch(text):
+        raise ValueError("must be a task name: letters, digits, '_', '-' or '.' (not starting "
+                         "with '.')")
+
+
+def check_column_list(text: str) -> None:
+    """Check comma-separated column names: none empty, none twice."""
+    items = [c.strip() for c in text.split(",")] if text else []
+    if any(not c for c in items):
+        raise ValueError("must be comma-separated names, none of them empty")
+    if len(set(items)) != len(items):
+        raise ValueError("must not name a column twice")
+
+
+def check_number_list(text: str) -> None:
+    """Check comma-separated finite numbers of magnitude at most MAX_OPTIMUM."""
+    try:
+        values = [float(v) for v in text.split(",")] if text else []
+    except ValueError:
+        raise ValueError("must be comma-separated numbers") from None
+    if any(not math.isfinite(v) or abs(v) > MAX_OPTIMUM for v in values):
+        raise ValueError(f"must hold finite numbers of magnitude at most {MAX_OPTIMUM:g}")
+
+
+def check_allowed_tasks(text: str) -> None:
+    """Check ``*`` or comma-separated task names."""
+    if text == "*":
+        return
+    for name in text.split(",") if text else []:
+        check_task_name(name.strip())
+
+
+_FAB_HASH = re.compile(r"[0-9a-f]{64}")
+
+
+def check_fab_hashes(text: str) -> None:
+    """Check comma-separated SHA-256 hashes (64 lower-case hex digits)."""
+    if any(not _FAB_HASH.fullmatch(h) for h in text.split(",") if text):
+        raise ValueError("must be comma-separated SHA-256 hashes (64 lower-case hex digits)")
+
+
+def check_positive_list(text: str) -> None:
+    """Check comma-separated positive numbers of at most MAX_PRIVACY_PARAMETER."""
+    if not text:
+        return
+    try:
+        values = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError("must be comma-separated numbers") from None
+    if any(not math.isfinite(v) or v <= 0 or v > MAX_PRIVACY_PARAMETER for v in values):
+        raise ValueError(f"must hold positive numbers of at most {MAX_PRIVACY_PARAMETER:g}")
+
+
+def check_optima(text: str) -> None:
+    """Check ``;``-separated vectors of equal length, each coordinate finite and bounded."""
+    rows = text.split(";")
+    if any(not row.strip() for row in rows):
+        raise ValueError("must be ';'-separated vectors, none of them empty")
+    try:
+        vectors = [[float(v) for v in row.split(",")] for row in rows]
+    except ValueError:
+        raise ValueError("must be ';'-separated vectors of ','-separated numbers") from None
+    if not vectors or len({len(v) for v in vectors}) != 1:
+        raise ValueError("must hold at least one vector, all of the same length")
+    if any(not math.isfinite(x) or abs(x) > MAX_OPTIMUM for v in vectors for x in v):
+        raise ValueError(f"must hold finite numbers of magnitude at most {MAX_OPTIMUM:g}")
+
+
+def parse_optima(text: str) -> list[list[float]]:
+    """Parse the ``optima`` setting (already checked) into vectors."""
+    return [[float(v) for v in part.split(",")] for part in text.split(";")]
+
+
+_DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def check_device(text: str) -> None:
+    """Check a torch device string: auto, cpu, cuda or cuda:N."""
+    if not _DEVICE.fullmatch(text):
+        raise ValueError("must be auto, cpu, cuda or cuda:N")
