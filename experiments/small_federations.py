@@ -1,6 +1,6 @@
 """Small federations: the papers' server update against gpfl's ``anneal``, over many seeds.
 
-The synthetic task (seeds/001 §4.1: θ*_1 = (5, 6), θ*_2 = (4, −4.5), 10 samples per user),
+The synthetic task (paper 001 §4.1: θ*_1 = (5, 6), θ*_2 = (4, −4.5), 10 samples per user),
 Euclidean Laplace with ν = 5, k = 2, every device in every round, E = 5 local epochs, for 4, 8,
 20 and 100 devices. Each federation is an **in-process loop over gpfl's own parts**, not the
 Simulation Engine: one :class:`client.numpy_client.GpflClient` per device (its own policy, its

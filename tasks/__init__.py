@@ -23,6 +23,8 @@ tasks (``synthetic``, ``fairness``) must not pay for importing torch or scikit-l
 the entry points reads the installed packages' metadata and imports nothing.
 
 docs/TASKS.md describes the interface a task implements and how to write a plugin.
+The papers the built-in tasks follow are cited by number (paper 001, paper 002, thesis 004;
+see docs/REPRODUCING.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A task knows how the data of one user (one Flower partition) is made or loaded, 
 federation trains, how a model is scored on a user's data and how a user trains it locally. A
 model travels as a list of float32 NumPy arrays (its layers); k hypotheses are k such lists.
 
-Validation follows the paper's protocol (Eq. 15 of seeds/001): each held-out user is scored with
+Validation follows the paper's protocol (Eq. 15 of paper 001): each held-out user is scored with
 the hypothesis that fits it best (lowest loss), and the reported loss is the mean of these
 per-user losses. Classifiers report the accuracy of that same hypothesis, averaged over users.
 """

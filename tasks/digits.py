@@ -5,10 +5,10 @@ permutation drawn from ``data-seed``. The last 20 % (359 images) belong to the
 ``validation-users`` held-out users, the first 80 % (1438) to the ``users`` training users; each
 part is cut into contiguous, near-equal slices (``np.array_split``), one per user. Every user's
 images are rotated 90° counter-clockwise with probability ``rotate-probability``, once per user
-(not per image), as seeds/001 does for FEMNIST: this makes two groups, ``Dataset.group`` = 1 for
+(not per image), as paper 001 does for FEMNIST: this makes two groups, ``Dataset.group`` = 1 for
 rotated users. Pixels are scaled from 0..16 to [0, 1].
 
-``partition = "dirichlet"`` replaces the equal slices by the label-skewed split of seeds/002
+``partition = "dirichlet"`` replaces the equal slices by the label-skewed split of paper 002
 (section 5.3): for every class, the shares of its training images that go to each user are
 drawn from Dir(``dirichlet-alpha``·1), as in Hsu et al. 2019; small α gives each user few
 classes. The draw is repeated (up to 100 times, seeded) until every user holds at least one image.
@@ -19,7 +19,7 @@ is the multinomial logistic regression 002 trains on these digits: 64·10 + 10 =
 ``loss`` is ``"cross-entropy"`` (default) or ``"rmse"``, the RMSE between the predicted class
 probabilities and the one-hot labels (001 Table 2 reports both).
 
-``labels = "parity"`` turns the task into seeds/004's fairness protocol on images (section
+``labels = "parity"`` turns the task into thesis 004's fairness protocol on images (section
 2.5.2, Figure 2.8): two classes, 1 for an even digit and 0 for an odd one for upright users, the
 opposite for rotated users (the minority, with ``rotate-probability`` 0.2 as in the thesis).
 `evaluate` then adds the group-fairness gaps of `tasks.fairness.fairness_metrics`, the
@@ -79,7 +79,7 @@ def digits_cnn(num_classes: int = NUM_CLASSES) -> nn.Sequential:
 
 
 def digits_logistic(num_classes: int = NUM_CLASSES) -> nn.Sequential:
-    """Multinomial logistic regression on the 64 pixels (seeds/002's model): 650 parameters."""
+    """Multinomial logistic regression on the 64 pixels (paper 002's model): 650 parameters."""
     return nn.Sequential(nn.Flatten(), nn.Linear(IMAGE_SIZE * IMAGE_SIZE, num_classes))
 
 

@@ -1,4 +1,4 @@
-"""Fairness synthetic data: a privileged majority and an unprivileged minority (seeds/004, 2.5.2).
+"""Fairness synthetic data: a privileged majority and an unprivileged minority (thesis 004, 2.5.2).
 
 Data (the thesis's rule; θ from the ``optima`` setting, default θ_1 = [5, 6], θ_2 = [4, -4.5] as
 in its section 2.5.1, which 2.5.2 builds on)::
@@ -66,7 +66,7 @@ def _rate(hits: np.ndarray) -> float:
 
 
 def fairness_metrics(y_true: np.ndarray, y_pred: np.ndarray, group: np.ndarray) -> dict[str, float]:
-    """Group-fairness gaps of binary predictions (seeds/004, section 2.2.4).
+    """Group-fairness gaps of binary predictions (thesis 004, section 2.2.4).
 
     Parameters
     ----------

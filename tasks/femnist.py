@@ -1,4 +1,4 @@
-"""FEMNIST from LEAF's JSON files (seeds/001, section 4.3), with per-user rotation.
+"""FEMNIST from LEAF's JSON files (paper 001, section 4.3), with per-user rotation.
 
 ``data-path`` is a LEAF JSON file or a directory of them (``*.json`` directly inside, read in
 name order), each ``{"users": [...], "num_samples": [...], "user_data": {uid: {"x": [[784
@@ -39,7 +39,7 @@ __all__ = ["FemnistTask", "LeafData", "femnist_cnn", "load_leaf"]
 
 IMAGE_SIZE = 28
 NUM_CLASSES = 62
-#: Parameter count that seeds/001 reports for its FEMNIST CNN.
+#: Parameter count that paper 001 reports for its FEMNIST CNN.
 PAPER_NUM_PARAMETERS = 1_206_590
 
 

@@ -1,4 +1,4 @@
-"""Hospital charges: the CMS inpatient charge data with the preprocessing of seeds/001 (appendix).
+"""Hospital charges: the CMS inpatient charge data with the preprocessing of paper 001 (appendix).
 
 ``data-path`` is the CMS CSV "Inpatient Prospective Payment System (IPPS) Provider Summary for
 the Top 100 Diagnosis-Related Groups (DRG)" (columns ``DRG Definition``, ``Provider Id``,

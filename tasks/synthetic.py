@@ -1,4 +1,4 @@
-"""Synthetic linear regression with one optimum per group (seeds/001, section 4.1).
+"""Synthetic linear regression with one optimum per group (paper 001, section 4.1).
 
 User ``u`` belongs to group ``g = u % G`` and holds ``samples-per-user`` pairs
 

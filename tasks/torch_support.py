@@ -69,7 +69,7 @@ def seeded_module(build: Callable[[], nn.Module], seed: int) -> nn.Module:
 
 
 def table3_cnn(image_size: int, num_classes: int, kernel_size: int = 2) -> nn.Sequential:
-    """Build the CNN of Table 3 of seeds/001 for square one-channel ``image_size`` inputs.
+    """Build the CNN of Table 3 of paper 001 for square one-channel ``image_size`` inputs.
 
     Conv(1→32, k) ReLU, Conv(32→64, k) ReLU, MaxPool(2), Flatten, Linear(→128) ReLU,
     Linear(128→num_classes). Table 3 also lists a ReLU after the pooling (a no-op on ReLU
@@ -95,7 +95,7 @@ def table3_cnn(image_size: int, num_classes: int, kernel_size: int = 2) -> nn.Se
 def draw_rotation(seed: np.random.SeedSequence, probability: float) -> bool:
     """Whether a user's images are rotated: one uniform draw from the user's own ``seed``.
 
-    The digits and FEMNIST tasks rotate all or none of a user's images (seeds/001's protocol),
+    The digits and FEMNIST tasks rotate all or none of a user's images (paper 001's protocol),
     so the draw is made once per user, from a seed of `tasks.base.user_seed`.
     """
     return bool(np.random.default_rng(seed).random() < probability)
@@ -111,7 +111,7 @@ def image_dataset(images: np.ndarray, labels: np.ndarray, *, rotated: bool, user
     labels : np.ndarray
         One label per image.
     rotated : bool
-        Rotate every image 90° counter-clockwise (as seeds/001 does); ``group`` is 1 then, else 0.
+        Rotate every image 90° counter-clockwise (as paper 001 does); ``group`` is 1 then, else 0.
     user : str
         The user's name.
 

@@ -45,7 +45,7 @@ def make(hypotheses: list[list[np.ndarray]], **kwargs: Any) -> ClusteredStrategy
 def test_every_kind_of_garbage_is_dropped_named_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Prepare: 3 good replies (mean (2, 4)) and one of each kind of garbage the issue lists.
+    # Prepare: 3 good replies (mean (2, 4)) and one of each kind of garbage reply below.
     strategy = make(hyp([0, 0]))
     huge = Parameters([b"\x93NUMPY" + b"\x00" * 10_000_000], "numpy.ndarray")
     bad = {

@@ -1,4 +1,4 @@
-"""Tests of the fairness task and metrics (seeds/004, section 2.5.2)."""
+"""Tests of the fairness task and metrics (thesis 004, section 2.5.2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests of the synthetic linear-regression task (seeds/001, section 4.1)."""
+"""Tests of the synthetic linear-regression task (paper 001, section 4.1)."""
 
 from __future__ import annotations
 
