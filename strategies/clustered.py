@@ -25,7 +25,6 @@ rounds from 1 again, and the strategy maps its round ``i`` to ``restored round +
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -46,7 +45,7 @@ from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
 from strategies.robust import check_cluster_aggregator, cluster_and_aggregate
-from strategies.sampling import check_int, check_sampling, responsive, sample_devices
+from strategies.sampling import check_sampling, responsive, sample_devices
 from strategies.server_update import ServerUpdate
 
 __all__ = ["RELEASES", "ClientRecord", "ClusteredStrategy", "RoundRecord"]
@@ -163,11 +162,12 @@ class ClusteredStrategy(RecordedStrategy):
             raise ValueError(f"release must be one of {', '.join(RELEASES)}; got "
                              f"release={release!r}")
         check_sign_single_model(release, k)  # release "sign" is the sign mechanism's
-        if not (math.isfinite(server_learning_rate) and server_learning_rate > 0):
-            raise ValueError("server_learning_rate must be positive and finite, "
-                             f"got server_learning_rate={server_learning_rate!r}")
-        eval_every = check_int("eval_every", eval_every, minimum=1)
-        patience = check_int("patience", patience, minimum=0)
+        # Bounds are the settings' declarations (a NumPy scalar is read as its Python value).
+        eval_every, patience, server_learning_rate, persistence_threshold = (
+            SETTINGS[key].parse(v.item() if isinstance(v, np.generic) else v)
+            for key, v in (("eval-every", eval_every), ("patience", patience),
+                           ("server-learning-rate", server_learning_rate),
+                           ("persistence-threshold", persistence_threshold)))
         fit_config = dict(fit_config or {})
         clash = sorted(set(fit_config) & set(_RESERVED_CONFIG))
         if clash:
@@ -181,9 +181,8 @@ class ClusteredStrategy(RecordedStrategy):
         self.release = release
         self.aggregation = check_aggregation(aggregation)
         self.cluster_aggregator = check_cluster_aggregator(cluster_aggregator)
-        self._persistence = Persistence(SETTINGS["persistence-threshold"].parse(
-            persistence_threshold))
-        self.server_learning_rate = float(server_learning_rate)
+        self._persistence = Persistence(persistence_threshold)
+        self.server_learning_rate = server_learning_rate
         self.keep_released = keep_released
         self.server_update = server_update or ServerUpdate()
         self._reseeded: dict[int, int] = {}  # hypothesis -> round of its last re-seeding
@@ -332,26 +331,16 @@ class ClusteredStrategy(RecordedStrategy):
         cluster_sizes = (np.bincount(labels, minlength=k).tolist() if kept is None
                          else [0] * k)
         self._pending = RoundResult(
-            round=t,
-            cluster_sizes=cluster_sizes,
-            replies=m,
-            declined=intake.declined,
-            dropped=intake.dropped,
-            failures=intake.failures,
+            round=t, cluster_sizes=cluster_sizes, replies=m, declined=intake.declined,
+            dropped=intake.dropped, failures=intake.failures,
             released=released.tolist() if self.keep_released else None,
             labels=labels.tolist() if self.keep_released else None,
-            missing=intake.missing,
-            failed=intake.failed,
-            kept=kept,
+            missing=intake.missing, failed=intake.failed, kept=kept,
             sampled=len(sampled), asked=self._sampled[2] if sampled else [],
         )
         metrics: dict[str, Scalar] = {
-            "replies": m,
-            "declined": intake.declined,
-            "dropped": len(intake.dropped),
-            "failures": intake.failures,
-            "missing": len(intake.missing),
-        }
+            "replies": m, "declined": intake.declined, "dropped": len(intake.dropped),
+            "failures": intake.failures, "missing": len(intake.missing)}
         metrics.update({f"cluster-size-{j}": size for j, size in enumerate(cluster_sizes)})
         if kept is not None:
             return None, metrics

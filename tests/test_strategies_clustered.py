@@ -832,9 +832,11 @@ def test_configure_and_aggregate_evaluate_do_nothing() -> None:
         ({"round_timeout": float("inf")}, "round_timeout"),
         ({"release": "gradient"}, "release.*'gradient'"),
         ({"aggregation": "median"}, "aggregation.*'median'"),
-        ({"server_learning_rate": 0.0}, "server_learning_rate"),
-        ({"server_learning_rate": float("nan")}, "server_learning_rate"),
-        ({"eval_every": 0}, "eval_every"),
+        ({"server_learning_rate": 0.0}, "server-learning-rate"),
+        ({"server_learning_rate": float("nan")}, "server-learning-rate"),
+        ({"eval_every": 0}, "eval-every"),
+        ({"eval_every": 1.5}, "eval-every"),
+        ({"persistence_threshold": -1.0}, "persistence-threshold"),
         ({"patience": -1}, "patience"),
     ],
 )
@@ -862,7 +864,7 @@ def test_numpy_integers_are_accepted_as_settings() -> None:
                     min_replies=np.int64(2))
 
     assert strategy.clients_per_round == 4 and type(strategy.clients_per_round) is int
-    assert strategy.min_replies == 2 and strategy.patience == 2
+    assert strategy.min_replies == 2 and strategy.patience == 2 and type(strategy.patience) is int
 
 
 def test_float64_hypotheses_are_stored_as_float32() -> None:
