@@ -42,8 +42,8 @@ import numpy as np
 
 from experiments.dlg_objectives import (
     Objective,
-    _flat,
     _l2_matching,
+    flat_gradients,
     geiping_objective,
     idlg_label,
     likelihood_objective,
@@ -75,6 +75,7 @@ __all__ = [
     "Reconstruction",
     "attack",
     "idlg_label",
+    "one_hot_labels",
     "one_thread",
     "run_attacks",
 ]
@@ -153,7 +154,8 @@ class Reconstruction:
     loss: float
 
 
-def _one_hot(label: int, batch: int) -> torch.Tensor:
+def one_hot_labels(label: int, batch: int) -> torch.Tensor:
+    """(batch, NUM_CLASSES) float64: ``label`` one-hot, repeated for each image of a batch."""
     import torch
 
     one_hot = torch.nn.functional.one_hot(torch.tensor([label]), NUM_CLASSES)
@@ -180,8 +182,9 @@ def _lbfgs_start(obs: Observation, label: int | None, evals: int, torch_seed: in
 
     def closure() -> torch.Tensor:
         optimizer.zero_grad()
-        soft = _one_hot(label, 1) if label is not None else torch.softmax(dummy_label, dim=-1)
-        loss = _l2_matching(obs, _flat(batched_gradients(obs.params, dummy, soft)))[0]
+        soft = (one_hot_labels(label, 1) if label is not None
+                else torch.softmax(dummy_label, dim=-1))
+        loss = _l2_matching(obs, flat_gradients(batched_gradients(obs.params, dummy, soft)))[0]
         value = float(loss.detach())
         # L-BFGS may wander (or overflow) after its best point: keep the best one seen.
         if value < best[0].loss:
@@ -237,13 +240,13 @@ def _projected_adam(obs: Observation, names: Sequence[str], effort: Effort, seed
     steps = effort.adam_steps
     milestones = sorted({max(1, steps * k // 8) for k in (3, 5, 7)})
     schedule = torch.optim.lr_scheduler.MultiStepLR(optimizer, milestones=milestones, gamma=0.1)
-    labels = _one_hot(label, restarts * len(names))
+    labels = one_hot_labels(label, restarts * len(names))
     best_loss = torch.full((restarts * len(names),), math.inf, dtype=torch.float64)
     best_image = torch.cat(dummies).detach().clone()
     for step in range(steps + 1):
         optimizer.zero_grad()
         images = torch.cat(dummies)
-        grads = _flat(batched_gradients(obs.params, images, labels))
+        grads = flat_gradients(batched_gradients(obs.params, images, labels))
         losses = torch.cat([objective(images[k * restarts:(k + 1) * restarts],
                                       grads[k * restarts:(k + 1) * restarts])
                             for k, objective in enumerate(objectives)])

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TV_WEIGHT",
     "Objective",
+    "flat_gradients",
     "geiping_objective",
     "idlg_label",
     "likelihood_objective",
@@ -46,7 +47,7 @@ def idlg_label(last_weight_gradient: np.ndarray | torch.Tensor) -> int:
     return int(np.argmin(rows.sum(axis=1)))
 
 
-def _flat(grads: Sequence[torch.Tensor]) -> torch.Tensor:
+def flat_gradients(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     """(B, n): each image's gradient as one vector, arrays in ``net.parameters()`` order."""
     import torch
 

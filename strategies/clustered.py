@@ -229,6 +229,16 @@ class ClusteredStrategy(RecordedStrategy):
         """The layer shapes of one hypothesis."""
         return list(self._shapes)
 
+    @property
+    def norm_limits(self) -> NormLimits:
+        """The magnitude rules the screening applies (``norm_limits``, or its default)."""
+        return self._screen.limits
+
+    @property
+    def persistence_threshold(self) -> float:
+        """The threshold c of :mod:`strategies.persistence` (0: off)."""
+        return self._persistence.threshold
+
     def _parameters(self) -> Parameters:
         layers = split_layers(self._flat, self._shapes)
         return ndarrays_to_parameters([a for hypothesis in layers for a in hypothesis])

@@ -36,7 +36,7 @@ from settings import federation_defaults
 from strategies import ClusteredStrategy
 from strategies.clustering import nearest_hypothesis
 from strategies.norms import screen_norms
-from strategies.persistence import residual_units
+from strategies.persistence import Persistence, residual_units
 from tests.test_strategies_clustered import FakeManager, FakeProxy
 
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
@@ -67,7 +67,11 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
     np.ndarray
         (count, n) float32.
     """
-    screen = strategy._screen
+    # The screening's reference and the persistence sums, as the strategy's checkpoint holds them.
+    saved = strategy.state()[0]["screen"]
+    reference = np.asarray(saved["reference"], dtype=np.float64)
+    persistence = Persistence(strategy.persistence_threshold)
+    persistence.load_dict(saved["persistence"])
     target = hypotheses[0].astype(np.float64)
     away = target - hypotheses[1] if hypotheses.shape[0] > 1 else np.ones_like(target)
     norm = np.linalg.norm(away)
@@ -77,7 +81,6 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
     # median offset, in units of the round's median residual) at the unit that pushes furthest
     # away while its summed residuals stay below the threshold; the push along that unit is then
     # as large as the rules allow.
-    persistence = strategy._persistence
     start, aim = target, direction
     if persistence.threshold > 0 and names and honest.shape[0]:
         labels = nearest_hypothesis(honest, hypotheses)
@@ -98,7 +101,7 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
     def passes(r: float) -> bool:
         matrix = np.vstack([honest, rows(r)]).astype(np.float32)
         sigmas = np.full(matrix.shape[0], np.nan)
-        reasons, _ = screen_norms(matrix, hypotheses, sigmas, screen.reference, screen.limits)
+        reasons, _ = screen_norms(matrix, hypotheses, sigmas, reference, strategy.norm_limits)
         if any(reason is not None for reason in reasons[-count:]):
             return False
         if persistence.threshold <= 0:
@@ -163,13 +166,12 @@ def _fit_res(arrays: list[np.ndarray], metrics: dict[str, Any]) -> FitRes:
 
 def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", rounds: int = 80,
                    devices: int = 10, nu: float = 5.0, workdir: Path | None = None,
-                   factor: float | None = None, overrides: dict[str, Any] | None = None,
+                   overrides: dict[str, Any] | None = None,
                    trace: Callable[[int, np.ndarray, Any], None] | None = None) -> Outcome:
     """One synthetic federation of ``devices`` real clients, ``rogues`` of them adaptive rogues.
 
     Every device is sampled every round (k = 2, Laplace ν, E = 5); devices ``0 .. rogues-1``
-    are the rogues. ``factor`` overrides the screening's relative factor (None: the default),
-    ``overrides`` any other federation setting;
+    are the rogues. ``overrides`` sets any other federation setting;
     ``trace(round, hypotheses, record)`` sees each round.
     """
     # Ledgers and summaries are written with fsync every round: in memory where there is a
@@ -187,10 +189,6 @@ def run_federation(seed: int, *, rogues: int = 0, aggregator: str = "mean", roun
         assert components.server is not None
         strategy = components.server.strategy
         assert isinstance(strategy, ClusteredStrategy)
-        if factor is not None:
-            limits = strategy._screen.limits
-            strategy._screen.limits = type(limits)(**{**limits.__dict__,
-                                                      "relative_factor": factor})
         clients = {}
         for i in range(devices):
             policy = DevicePolicy.load({

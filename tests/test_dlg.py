@@ -181,11 +181,11 @@ def test_negative_log_likelihood_matches_the_laplace_density() -> None:
     candidates = torch.stack([torch.from_numpy(client.image), torch.full((8, 8), 0.3,
                                                                          dtype=torch.float64)])
     candidates = candidates.reshape(2, 1, 8, 8)
-    labels = dlg_attacks._one_hot(client.label, 2)
-    grads = dlg_objectives._flat(batched_gradients(obs.params, candidates, labels))
+    labels = dlg_attacks.one_hot_labels(client.label, 2)
+    grads = dlg_objectives.flat_gradients(batched_gradients(obs.params, candidates, labels))
 
     # Execute
-    nll = dlg_objectives._negative_log_likelihood(obs, grads).numpy()
+    nll = dlg.likelihood_objective(obs)(candidates, grads).numpy()
 
     # Assert: by hand, a candidate's update is δ = −s·g, its ε = n/(ν‖δ‖), and the release's
     # density is ∝ ε^n exp(−ε‖θ̂ − θ + s·g‖): −log p = −n log ε + ε‖θ̂ − θ + s·g‖ + const.
@@ -221,8 +221,8 @@ def test_restarts_are_chosen_by_the_attacks_own_objective() -> None:
                             ("prior", dlg.prior_objective(obs))):
         kept = three[name]
         image = torch.from_numpy(kept.image).reshape(1, 1, 8, 8)
-        labels = dlg_attacks._one_hot(kept.label, 1)
-        grads = dlg_objectives._flat(batched_gradients(obs.params, image, labels))
+        labels = dlg_attacks.one_hot_labels(kept.label, 1)
+        grads = dlg_objectives.flat_gradients(batched_gradients(obs.params, image, labels))
         assert float(objective(image, grads)[0]) == pytest.approx(kept.loss, rel=1e-9)
         assert kept.loss <= one[name].loss
     with pytest.raises(ValueError, match="attack"):

@@ -108,7 +108,6 @@ def test_too_few_devices_make_the_run_incomplete_and_say_how_to_resume(
 
 def test_an_early_stop_is_its_own_status(tmp_path: Path) -> None:
     strategy, _ = started(config(tmp_path, patience=1))
-    strategy.patience, strategy._stale_evaluations = 1, 0
     strategy.best_loss = -1.0  # nothing can beat it: the next validation stops the run
 
     play(strategy, FakeManager(NODES), range(1, 2))

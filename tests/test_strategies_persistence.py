@@ -108,7 +108,7 @@ def test_the_strategy_sets_a_pushing_device_aside_and_no_longer_asks_it() -> Non
 
     # Assert: set aside once its sum passed 3√n (possible from n > c² = 9); never asked after;
     # no honest device set aside; the state survives a checkpoint.
-    aside = strategy._persistence.set_aside
+    aside = strategy.state()[0]["screen"]["persistence"]["set_aside"]
     assert list(aside) == ["dev-0"] and 10 <= aside["dev-0"] <= 25
     assert asked_rogue == [t <= aside["dev-0"] for t in range(1, 31)]
     state, arrays = strategy.state()
@@ -116,4 +116,4 @@ def test_the_strategy_sets_a_pushing_device_aside_and_no_longer_asks_it() -> Non
                               clients_per_round=9, rng=np.random.default_rng(0),
                               persistence_threshold=3.0)
     again.restore(state, arrays)
-    assert again._persistence.set_aside == aside
+    assert again.state()[0]["screen"]["persistence"]["set_aside"] == aside
