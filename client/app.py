@@ -19,8 +19,7 @@ from tasks import Task, load_task
 
 def device_task(run_config: Mapping[str, Any], policy: DevicePolicy) -> Task:
     """Build the run's task on this device's own data and hardware (``data-path``, ``device``)."""
-    own = {"device": policy["device"], "data-path": policy["data-path"]}
-    return load_task({**run_config, **own})
+    return load_task(policy.task_config(run_config))
 
 
 def client_fn(context: Context) -> Client:

@@ -9,15 +9,20 @@ One ``fit``, in an order that keeps every signal before the release independent 
    within its ``max-parameter``) and every noise scale the request implies. A forbidden or
    absurd request is declined (:class:`~client.policy.PolicyDecline`: nothing read, computed or
    charged; a log line, ``declined-by = "policy"`` and the reason in the reply).
-2. **The charge**, from the hypotheses' shapes alone: the ledger records the release, or the
+2. **The task's preflight** (`tasks.Task.preflight`): a cheap check of what does not depend
+   on the data's records: the device's file exists, its header has the columns the run names,
+   it has rows. If not, the round is declined (``declined-by = "task-data"``, the fixed reason
+   :data:`TASK_DATA_DECLINED`): nothing charged, the details (file, column) in the device's
+   log only. The server learns one bit per round, a fact about the file's schema.
+3. **The charge**, from the hypotheses' shapes alone: the ledger records the release, or the
    round is declined because the cap would be passed (``declined-by = "budget"``), before any
-   private data is read: a decline neither depends on the data nor takes a time that does.
-3. **The private part**, charged whatever happens: build the task (it may read the device's
+   record is read: a decline neither depends on the data's values nor takes a time that does.
+4. **The private part**, charged whatever happens: build the task (it may read the device's
    data file), choose the best hypothesis on the local data, train it (a diverged model is
    replaced by its hypothesis), sanitize with noise from the device's own entropy, and check
    the release invariant (:func:`mechanisms.invariant.verify_release`) at the very last step.
-   Any failure here reaches the server as one fixed message; the details stay in the device's
-   log.
+   Any failure here (a value of the file that does not parse, too) reaches the server as one
+   fixed message; the details stay in the device's log.
 
 A reply carries the release and public metrics: the mechanism's data-independent parameters
 and this federation's spend (releases tagged in the ledger with the federation's id), never
@@ -56,10 +61,11 @@ from mechanisms import (
     seeded_rng,
 )
 from mechanisms.invariant import verify_release
-from tasks import Task
+from tasks import Task, TaskDataError, preflight_task
 
 __all__ = [
     "RELEASE_FAILED",
+    "TASK_DATA_DECLINED",
     "GpflClient",
     "InstructionError",
     "ReleaseFailedError",
@@ -74,6 +80,12 @@ Arrays = list[np.ndarray]
 #: The only text a failure of the private part of a round sends to the server.
 RELEASE_FAILED = (
     "gpfl: the device could not complete this round; the details are in the device's log"
+)
+
+#: The only reason a decline by the task's preflight sends (``declined-by = "task-data"``).
+TASK_DATA_DECLINED = (
+    "declined: this device's data does not fit the run's task settings (found before anything "
+    "was charged, from the file's schema alone); the details are in the device's log"
 )
 
 _FEDERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -129,7 +141,8 @@ class GpflClient(NumPyClient):
     ----------
     task : Task or callable
         The learning task, or a function that builds it (called only once the round is
-        charged: building a task may read the device's data).
+        charged: building a task may read the device's data). Either way the preflight of the
+        task's class (`tasks.Task.preflight`) runs before the charge.
     run_config : dict
         The run config as the server sent it (a request).
     policy : DevicePolicy
@@ -207,6 +220,12 @@ class GpflClient(NumPyClient):
         except PolicyDecline as decline:
             logger.warning("%s declines: %s", self.policy.client_name, decline)
             return self._decline(str(decline), "policy", None)
+        problem = self._preflight(s)
+        if problem is not None:
+            # The message may name the file and its columns: it stays on the device.
+            logger.warning("%s declines round %d (nothing charged): %s", s.name, server_round,
+                           problem)
+            return self._decline(TASK_DATA_DECLINED, "task-data", None)
         if not self.policy["data-path"]:
             # No device file to read: building the task is public (its data is generated from
             # the run config), so a malformed instruction is refused before it is charged.
@@ -247,6 +266,28 @@ class GpflClient(NumPyClient):
             logger.exception("%s: round %d failed (charged)", s.name, server_round)
             raise ReleaseFailedError() from None
         return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
+
+    def _preflight(self, s: ClientSettings) -> str | None:
+        """Run the task's preflight; return what it found wrong with the device's data, or None.
+
+        Only a `TaskDataError` declines. Any other failure (a bug, a setting the task refuses)
+        is logged and the round goes on to the charge, where building the task meets it again
+        and fails charged, as before the preflight existed.
+        """
+        config = self.policy.task_config(self.run_config)
+        try:
+            if self._task is None:
+                preflight_task(config, s.partition_id, s.num_partitions)
+            else:  # a task given as an object: its class's preflight, if it has one
+                check = getattr(type(self._task), "preflight", None)
+                if check is not None:
+                    check(config, s.partition_id, s.num_partitions)
+        except TaskDataError as problem:
+            return str(problem)
+        except Exception:
+            logger.exception("%s: the preflight of task %r failed; the round goes on", s.name,
+                             self.run_config.get("task"))
+        return None
 
     def _noise_rng(self, s: ClientSettings, releases: int) -> np.random.Generator:
         if s.noise_seed is None:

@@ -170,6 +170,15 @@ class DevicePolicy:
                 f"declined by policy: task={name!r} is not installed on this device (no "
                 f"package registers it in the entry-point group 'gpfl.tasks')")
 
+    def task_config(self, run_config: Mapping[str, Any]) -> dict[str, Any]:
+        """Return what the run's task is built from.
+
+        The run config, with this device's own ``data-path`` and ``device`` over whatever the
+        run config says of them.
+        """
+        return {**run_config, "device": self.values["device"],
+                "data-path": self.values["data-path"]}
+
     def bound(self, name: str) -> Any:
         """Return the device's value of the shared setting ``name`` (a bound on the request)."""
         if SETTINGS[name].owner != "both":

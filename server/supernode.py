@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -67,6 +68,9 @@ def parse_node_config(text: str) -> dict[str, Any]:
 def check_device(node_config: dict[str, Any]) -> str:
     """Check the node config and the policy file it names; return where the policy came from.
 
+    A ``data-path`` that names nothing on this machine is refused too: every round would
+    otherwise be declined for it (the task's preflight) while the device looks healthy.
+
     Raises
     ------
     NodeConfigError
@@ -76,9 +80,14 @@ def check_device(node_config: dict[str, Any]) -> str:
     from settings import SettingError
 
     try:
-        return DevicePolicy.load(node_config).source
+        policy = DevicePolicy.load(node_config)
     except SettingError as err:
         raise NodeConfigError(str(err)) from None
+    data_path = str(policy["data-path"])
+    if data_path and not Path(data_path).expanduser().exists():
+        raise NodeConfigError(f"data-path={data_path!r} (from {policy.source}) does not exist "
+                              "on this device")
+    return policy.source
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

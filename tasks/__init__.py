@@ -35,7 +35,7 @@ from typing import Any
 
 import settings
 from tasks.base import Dataset, Params, Task
-from tasks.config import TaskSettingsError
+from tasks.config import TaskDataError, TaskSettingsError
 
 __all__ = [
     "BUILTIN_TASKS",
@@ -43,10 +43,12 @@ __all__ = [
     "Dataset",
     "Params",
     "Task",
+    "TaskDataError",
     "TaskNotInstalledError",
     "TaskSettingsError",
     "installed_tasks",
     "load_task",
+    "preflight_task",
     "require_installed",
     "task_class",
 ]
@@ -153,3 +155,25 @@ def load_task(config: Mapping[str, Any]) -> Task:
     """
     name = settings.read(config, "task")
     return task_class(name).from_run_config(config)
+
+
+def preflight_task(config: Mapping[str, Any], partition_id: int, num_partitions: int) -> None:
+    """Run the preflight of the task named by ``task`` (`Task.preflight`) without building it.
+
+    Parameters
+    ----------
+    config : Mapping[str, Any]
+        What `load_task` would receive: the run config and the device's ``device`` and
+        ``data-path``.
+    partition_id, num_partitions : int
+        The device's partition.
+
+    Raises
+    ------
+    TaskDataError
+        The device's data cannot serve the run (the message names the file and the column).
+    """
+    name = settings.read(config, "task")
+    check = getattr(task_class(name), "preflight", None)
+    if check is not None:
+        check(config, partition_id, num_partitions)

@@ -21,7 +21,7 @@ import numpy as np
 
 import settings
 from settings import SETTINGS
-from tasks.config import TaskSettingsError, require_at_least
+from tasks.config import TaskDataError, TaskSettingsError, require_at_least
 from tasks.training import Schedule, check_training_args, minibatches
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Params",
     "Schedule",
     "Task",
+    "TaskDataError",
     "TaskSettingsError",
     "best_fits",
     "check_params",
@@ -176,6 +177,35 @@ class Task(ABC):
         return [self.init_parameters(rng) for _ in range(int(k))]
 
     # -- data -------------------------------------------------------------------------------
+    @classmethod
+    def preflight(cls, config: Mapping[str, Any], partition_id: int, num_partitions: int) -> None:
+        """Check, before the round is charged, that this device's data can serve the run.
+
+        The device calls it before it charges its ledger and before it builds the task, with
+        the mapping `from_run_config` would receive (the run config and the device's own
+        ``data-path`` and ``device``). It must be cheap and must not read the data's records:
+        it may look only at what does not depend on their values — whether the device's file
+        exists and can be opened, its format, its header or schema against the columns the
+        run config names, and whether it (or this device's partition, where that follows
+        from the row count alone) has any rows. Whether it raises is the one thing the server
+        learns uncharged: the device declines the round (``declined-by = "task-data"``) with a
+        fixed reason, and the message stays in the device's log.
+
+        Anything that needs the records (a value that does not parse, a label not among the
+        classes) is left to `client_dataset`, after the charge, where a failure reaches the
+        server as the fixed failure text and the round stays charged.
+
+        The default checks nothing (tasks that generate their data, plugins written before
+        this method existed).
+
+        Raises
+        ------
+        TaskDataError
+            Naming the file, the setting and the column: the device declines the round. Any
+            other exception is logged by the device and the round goes on (to the charge).
+        """
+        return None  # the default: nothing to check
+
     @abstractmethod
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
         """Return the training data of the user on Flower partition ``partition_id``.

@@ -14,11 +14,21 @@ import os
 
 from settings import SETTINGS, SettingError
 
-__all__ = ["TaskSettingsError", "require_at_least", "require_data_path"]
+__all__ = ["TaskDataError", "TaskSettingsError", "require_at_least", "require_data_path"]
 
 
 class TaskSettingsError(SettingError):
     """A task setting does not fit the task or its data (a cross-check the schema cannot make)."""
+
+
+class TaskDataError(TaskSettingsError):
+    """The device's data cannot serve the run, found by a task's preflight (`Task.preflight`).
+
+    Raised only from what does not depend on the data's records: a missing or unreadable file,
+    its format, its columns against the ones the run config names, no rows at all. The device
+    declines the round before anything is charged; the message (the file, the column) stays in
+    the device's log.
+    """
 
 
 def require_at_least(key: str, value: int, minimum: int, *, task: str) -> int:

@@ -34,6 +34,8 @@ read nothing.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -41,7 +43,7 @@ from torch import nn
 from settings import SETTINGS
 from tasks.base import Dataset
 from tasks.config import TaskSettingsError
-from tasks.tabular_data import Table, read_table, split_rows
+from tasks.tabular_data import Table, check_file, read_table, split_rows
 from tasks.torch_support import TorchTask
 
 __all__ = ["TabularTask", "standardize"]
@@ -182,6 +184,29 @@ class TabularTask(TorchTask):
             x = table.x.astype(np.float32)
         return Dataset(x=x, y=table.y.copy(), group=np.full(len(table), -1, dtype=np.int64),
                        user=user)
+
+    @classmethod
+    def preflight(cls, config: Mapping[str, Any], partition_id: int, num_partitions: int) -> None:
+        """Check the device's file before the round is charged, reading none of its records.
+
+        The file exists and can be opened as CSV or Parquet, its header (a CSV's first line, a
+        Parquet file's schema) has the ``label-column``, the ``feature-columns`` and (for
+        ``tabular-split = natural-id``) the ``split-column``, and it has a row, or, for an
+        ``iid`` split, more rows than this device's ``partition-id`` (its partition is empty
+        otherwise, whatever the values). The partitions of the ``dirichlet`` and
+        ``natural-id`` splits depend on the values of a column: they are checked, charged, by
+        `client_dataset`, like every value of the file.
+
+        Raises
+        ------
+        TaskDataError
+            Naming the file, the setting and the column (see `tasks.tabular_data.check_file`).
+        """
+        task = cls.from_run_config(config)  # reads no file
+        extra = (task.split_column,) if task.tabular_split == "natural-id" else ()
+        rows = partition_id + 1 if task.tabular_split == "iid" else 1
+        check_file(task.data_path, setting="data-path", label=task.label_column,
+                   features=task.feature_columns, extra=extra, rows=rows)
 
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
         """Return this device's rows: its whole file, or its partition of a shared one.

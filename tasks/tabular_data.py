@@ -23,14 +23,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tasks.config import TaskSettingsError
+from tasks.config import TaskDataError, TaskSettingsError
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PARQUET_SUFFIXES", "Table", "read_table", "split_rows"]
+__all__ = ["PARQUET_SUFFIXES", "Table", "check_file", "read_table", "split_rows"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+
+#: The longest CSV header line the preflight reads (a longer one is left to the full read).
+MAX_HEADER_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: the split cache keys on the table
@@ -96,6 +99,105 @@ def read_table(path: str, *, setting: str, label: str, features: Sequence[str],
     stat = resolved.stat()
     return _read_cached(str(resolved.resolve()), stat.st_mtime_ns, stat.st_size, setting, label,
                         tuple(features), tuple(classes), tuple(extra))
+
+
+def check_file(path: str, *, setting: str, label: str, features: Sequence[str],
+               extra: Sequence[str] = (), rows: int = 1) -> None:
+    """Check that a file exists, its header has the columns and it has ``rows`` rows (preflight).
+
+    Reads no record's values: the file's metadata, its header line (CSV) or schema and row
+    count (Parquet footer) and, for a CSV, whether ``rows`` non-blank lines follow the header.
+    What it decides therefore depends on the file's schema and its number of rows alone.
+    A line count can exceed the number of records (a quoted value holding a line break), never
+    fall short of it, so a file this check passes may still fail the full read
+    (`read_table`), never the other way round (but for a whitespace-only line, counted as blank
+    here and as a row without values there, which the full read refuses anyway).
+
+    Parameters
+    ----------
+    path : str
+        The file (``data-path``).
+    setting : str
+        The setting that named it, for messages.
+    label, features, extra : str, Sequence[str]
+        The columns the run config names.
+    rows : int
+        How many rows the file needs (1; ``p + 1`` for partition p of an iid split).
+
+    Raises
+    ------
+    TaskDataError
+        An empty ``path``, a missing or unreadable file, a header or schema that cannot be
+        read, a missing column (listing the file's columns), fewer than ``rows`` rows.
+    """
+    if not path:
+        raise TaskDataError(
+            f"{setting} must name a CSV or Parquet file for task tabular, got {setting}=''")
+    resolved = Path(path).expanduser()
+    if not resolved.is_file():
+        raise TaskDataError(f"{setting}={path!r}: no such file (the tabular task's CSV or "
+                            "Parquet file)")
+    where = f"{setting}={path!r}"
+    parquet = path.lower().endswith(PARQUET_SUFFIXES)
+    try:
+        columns, found = (_parquet_schema(resolved, rows) if parquet
+                          else _csv_schema(resolved, rows))
+    except (OSError, ValueError, ImportError) as err:
+        kind = "Parquet" if parquet else "CSV"
+        raise TaskDataError(f"{where} cannot be read as {kind}: {err}") from None
+    if columns is None:  # a header too long to read cheaply: left to the full read
+        return
+    missing = [c for c in dict.fromkeys([label, *features, *extra]) if c not in columns]
+    if missing:
+        raise TaskDataError(
+            f"{where} has no column(s) {missing} (label-column, feature-columns or "
+            f"split-column); its columns are {columns}")
+    if found < rows:
+        raise TaskDataError(f"{where} has no rows" if found == 0 else
+                            f"{where} has {found} row(s), fewer than the {rows} this device's "
+                            "partition needs")
+
+
+def _csv_schema(path: Path, rows: int) -> tuple[list[str] | None, int]:
+    """Return the CSV's column names as pandas reads them and min(rows, its non-blank lines)."""
+    import io
+
+    import pandas as pd
+
+    with path.open("rb") as fh:
+        header = fh.readline(MAX_HEADER_BYTES)
+        if len(header) == MAX_HEADER_BYTES and not header.endswith(b"\n"):
+            return None, rows
+        if not header.strip():
+            # No header line: pandas' own message for a file without columns.
+            raise ValueError("No columns to parse from file")
+        found = 0
+        while found < rows:
+            line = fh.readline(MAX_HEADER_BYTES)
+            if not line:
+                break
+            found += bool(line.strip())
+    # The header line alone, parsed by pandas with the full read's options: the same names
+    # (a byte-order mark, duplicates, unnamed columns), and not a byte of any record.
+    frame = pd.read_csv(io.BytesIO(header), nrows=0, skipinitialspace=True)
+    return [str(c) for c in frame.columns], found
+
+
+def _parquet_schema(path: Path, rows: int) -> tuple[list[str], int]:
+    """Return the Parquet file's column names (as pandas reads them) and row count (footer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path)
+        schema = meta.schema_arrow
+        names = [str(n) for n in schema.names]
+        # pandas turns the columns its metadata names as the index back into the index.
+        index = (schema.pandas_metadata or {}).get("index_columns", [])
+        names = [n for n in names if n not in {c for c in index if isinstance(c, str)}]
+        return names, int(meta.metadata.num_rows)
+    except pa.ArrowException as err:
+        raise ValueError(str(err)) from None
 
 
 @functools.lru_cache(maxsize=4)

@@ -10,6 +10,7 @@ reading its data and built its task inside the failure guard.
 from __future__ import annotations
 
 import csv
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from client.numpy_client import TASK_DATA_DECLINED
 from mechanisms import NeighbourhoodEvent, PrivacyLedger
 from tests.test_adversarial_server import (
     HONEST,
@@ -139,6 +141,108 @@ def test_a_malformed_row_of_the_devices_file_never_reaches_the_server(tmp_path: 
     assert "Jane" not in str(caught.value) and "1961" not in str(caught.value)
     assert "could not complete this round" in str(caught.value)
     assert ledger(tmp_path).spent().releases == 1
+
+
+#: A tabular run on the device's file (columns of its header below), one logistic model.
+TABULAR: dict[str, Any] = {"task": "tabular", "label-column": "outcome",
+                           "feature-columns": "age,dose", "classes": "no,yes",
+                           "num-hypotheses": 1}
+TABULAR_MODEL = [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
+
+
+def write_records(path: Path, rows: list[list[str]]) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["age", "dose", "outcome", "site"])
+        writer.writerows(rows)
+    return path
+
+
+GOOD_ROWS = [[str(20 + i), str(0.5 * i), "yes" if i % 2 else "no", "s1"] for i in range(8)]
+
+
+def tabular_round(server: CuriousServer, server_round: int, **run: Any
+                  ) -> tuple[list[np.ndarray], dict[str, Any]]:
+    return server.fit({**TABULAR, **run}, list(TABULAR_MODEL), server_round=server_round,
+                      config={"num-hypotheses": 1})
+
+
+@pytest.mark.parametrize(("problem", "detail"), [
+    ("missing-file", "no such file"),
+    ("missing-label", "['hiv_status']"),
+    ("missing-feature", "['hiv_status']"),
+    ("empty-file", "has no rows"),
+    ("empty-iid-partition", "fewer than the 2 this device's partition needs"),
+])
+def test_a_file_that_does_not_fit_the_run_is_declined_before_anything_is_charged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, problem: str, detail: str
+) -> None:
+    # Prepare: device 1 of 2 with a valid file of one row, which releases once (round 1).
+    path = write_records(tmp_path / "records-site-a.csv", GOOD_ROWS[:1])
+    node = device(tmp_path, **{"data-path": str(path), "device": "cpu", "partition-id": 1,
+                               "client-name": "client-0"})
+    server = CuriousServer(node)
+    released, metrics = tabular_round(server, 1)
+    assert metrics["declined"] == 0 and len(released) == 2
+    before = ledger(tmp_path).spent()
+    run: dict[str, Any] = {}
+    if problem == "missing-file":
+        path.unlink()
+    elif problem == "missing-label":
+        run = {"label-column": "hiv_status"}
+    elif problem == "missing-feature":
+        run = {"feature-columns": "age,hiv_status"}
+    elif problem == "empty-file":
+        write_records(path, [])
+    else:  # a shared file split iid: partition 1 of a one-row file is empty
+        run = {"tabular-split": "iid"}
+
+    # Execute
+    caplog.set_level(logging.WARNING, logger="client.numpy_client")
+    released, metrics = tabular_round(server, 2, **run)
+
+    # Assert: a decline with the one fixed reason; the ledger exactly as it was (no charge, no
+    # decline counted); the details in the device's log, not in the reply.
+    assert released == [] and metrics["declined"] == 1
+    assert metrics["declined-by"] == "task-data"
+    assert metrics["decline-reason"] == TASK_DATA_DECLINED
+    assert ledger(tmp_path).spent() == before
+    logged = caplog.text
+    assert "declines round 2 (nothing charged)" in logged
+    assert detail in logged and "records-site-a.csv" in logged
+    said = repr(sorted(metrics.items()))
+    assert "hiv_status" not in said and "records-site-a" not in said and "rows" not in said
+
+
+def test_a_value_that_is_not_a_number_stays_a_charged_failure(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: the header is right, so the preflight passes; one cell holds a patient's name.
+    rows = [*GOOD_ROWS[:3], ["41", "Jane Q. Doe 1961-04-02", "no", "s1"]]
+    path = write_records(tmp_path / "records.csv", rows)
+    server = CuriousServer(device(tmp_path, **{"data-path": str(path), "device": "cpu"}))
+    caplog.set_level(logging.WARNING, logger="client.numpy_client")
+
+    # Execute
+    with pytest.raises(ServerSeesError) as caught:
+        tabular_round(server, 1)
+
+    # Assert: charged (the value needed the records), the fixed text only; the device's log
+    # names the cell.
+    assert "could not complete this round" in str(caught.value)
+    assert "Jane" not in str(caught.value) and "1961" not in str(caught.value)
+    assert "dose" not in str(caught.value)
+    assert ledger(tmp_path).spent().releases == 1
+    assert "Jane Q. Doe" in caplog.text and "round 1 failed (charged)" in caplog.text
+
+
+def test_a_file_that_fits_passes_the_preflight_and_releases(tmp_path: Path) -> None:
+    path = write_records(tmp_path / "records.csv", GOOD_ROWS)
+    server = CuriousServer(device(tmp_path, **{"data-path": str(path), "device": "cpu"}))
+    released, metrics = tabular_round(server, 1)
+    assert metrics["declined"] == 0 and "declined-by" not in metrics
+    assert [r.shape for r in released] == [(2, 2), (2,)]
+    assert ledger(tmp_path).spent().releases == 1 == metrics["releases"]
 
 
 def _hospital_shapes() -> list[tuple[int, ...]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +107,70 @@ def test_the_client_app_declines_a_task_it_has_not_installed(tmp_path: Path) -> 
     assert res.metrics["declined"] == 1
     assert "task='not-installed-anywhere' is not installed" in str(res.metrics["decline-reason"])
     assert not list(tmp_path.iterdir())
+
+
+# -- the task's preflight ---------------------------------------------------------------------
+TABULAR: dict[str, Any] = {"task": "tabular", "label-column": "y", "feature-columns": "a,b",
+                           "classes": "no,yes"}
+TABULAR_MODEL = [np.zeros((2, 2), np.float32), np.zeros(2, np.float32)]
+
+
+def tabular_file(path: Path) -> Path:
+    path.write_text("a,b,y\n" + "".join(f"{i},{i % 3},{'yes' if i % 2 else 'no'}\n"
+                                         for i in range(6)))
+    return path
+
+
+def test_a_task_given_as_an_object_runs_its_classs_preflight(tmp_path: Path) -> None:
+    # Prepare: the task object is built (reading nothing); its file does not exist.
+    p = policy(tmp_path / "ledgers", **{"data-path": str(tmp_path / "absent.csv"),
+                                        "device": "cpu"})
+    config = {**RUN, **TABULAR}
+    c = GpflClient(device_task(config, p), config, p)
+
+    # Execute
+    released, _, metrics = c.fit(list(TABULAR_MODEL), {"num-hypotheses": 1, "server-round": 1})
+
+    # Assert: declined by the preflight, no ledger written.
+    assert released == [] and metrics["declined-by"] == "task-data"
+    assert not (tmp_path / "ledgers").exists()
+
+
+def test_a_preflight_that_breaks_lets_the_round_go_on_to_the_charge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Only TaskDataError declines: a bug in a preflight must not become a free decline (or a
+    # text sent uncharged); the round is charged and trained as before preflights existed.
+    from tasks.tabular import TabularTask
+
+    def broken(cls: type, config: Any, partition_id: int, num_partitions: int) -> None:
+        raise RuntimeError("a bug in the preflight")
+
+    monkeypatch.setattr(TabularTask, "preflight", classmethod(broken))
+    built: list[str] = []
+    c = client(tmp_path, built, {"data-path": str(tabular_file(tmp_path / "d.csv")),
+                                 "device": "cpu"}, **TABULAR)
+    caplog.set_level(logging.ERROR, logger="client.numpy_client")
+
+    released, _, metrics = c.fit(list(TABULAR_MODEL), {"num-hypotheses": 1, "server-round": 1})
+
+    assert metrics["declined"] == 0 and len(released) == 2 and metrics["releases"] == 1
+    assert "the preflight of task 'tabular' failed" in caplog.text
+
+
+def test_a_task_object_without_a_preflight_is_served(tmp_path: Path) -> None:
+    # An object with the Task interface but no preflight (an experiment's wrapper, a plugin
+    # object of an older interface) is served as before.
+    class Wrapped:
+        def __init__(self, inner: Task) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "preflight":
+                raise AttributeError(name)
+            return getattr(self._inner, name)
+
+    p = policy(tmp_path)
+    c = GpflClient(Wrapped(device_task(RUN, p)), RUN, p)  # type: ignore[arg-type]
+    released, _, metrics = c.fit(list(HYPOTHESES), {"num-hypotheses": 2, "server-round": 1})
+    assert metrics["declined"] == 0 and len(released) == 1

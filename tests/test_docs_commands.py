@@ -202,7 +202,7 @@ def test_the_error_usage_md_quotes_is_the_one_the_code_prints() -> None:
 def test_the_wire_table_names_the_declines_the_client_sends() -> None:
     row = next(line for line in (ROOT / "docs" / "ARCHITECTURE.md").read_text().splitlines()
                if line.startswith("| `declined`, `declined-by`"))
-    documented = set(re.findall(r"`(\w+)` \(", row))
+    documented = set(re.findall(r"`([\w-]+)` \(", row))
     tree = ast.parse((ROOT / "client" / "numpy_client.py").read_text())
     sent = {call.args[1].value for call in ast.walk(tree)
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)

@@ -108,10 +108,17 @@ def test_a_bad_node_config_fails_at_once_naming_key_and_value(capsys: pytest.Cap
                                                               tmp_path: Path) -> None:
     bad = tmp_path / "policy.toml"
     bad.write_text('mechanisms = "laplace,bogus"\n')
+    absent = tmp_path / "absent.csv"
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text(f'data-path = "{absent}"\n')
     for text, expected in [("partition-id=-1", "partition-id=-1"),
                            ("num-rounds=3", "num-rounds=3"),
                            (f'policy-file="{bad}"', "mechanisms='laplace,bogus'"),
-                           (f'policy-file="{tmp_path / "absent.toml"}"', "does not exist")]:
+                           (f'policy-file="{tmp_path / "absent.toml"}"', "does not exist"),
+                           (f'data-path="{absent}"', f"data-path={str(absent)!r} (from node "
+                                                     "config) does not exist"),
+                           (f'policy-file="{elsewhere}"',
+                            f"data-path={str(absent)!r} (from policy file")]:
         assert supernode.run(_args("--insecure", "--node-config", text)) == 2
         err = capsys.readouterr().err
         assert "nothing started" in err and expected in err, err
@@ -164,3 +171,9 @@ def test_a_bad_node_config_is_refused_before_flower_is_imported() -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+
+
+def test_a_data_path_that_exists_passes_the_device_check(tmp_path: Path) -> None:
+    data = tmp_path / "d.csv"
+    data.write_text("a,y\n1,no\n")
+    assert supernode.check_device({"data-path": str(data)}) == "node config"

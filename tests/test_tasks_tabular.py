@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from settings import SettingError
-from tasks import TaskSettingsError, load_task
+from tasks import TaskDataError, TaskSettingsError, load_task, preflight_task
 from tasks.tabular import TabularTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,6 +117,104 @@ def test_an_empty_data_path_names_the_setting() -> None:
 def test_bad_settings_name_the_setting(config: dict[str, Any], message: str) -> None:
     with pytest.raises(SettingError, match=message):
         task("x.csv", **config)
+
+
+# -- the preflight: what the header tells, before the device charges anything -------------------
+def preflight(path: Path | str, partition_id: int = 0, num_partitions: int = 1,
+              **config: Any) -> None:
+    TabularTask.preflight({**BASE, "data-path": str(path), **config}, partition_id,
+                          num_partitions)
+
+
+@pytest.mark.parametrize(("rows", "config", "message"), [
+    (None, {}, r"data-path='.*absent.csv': no such file"),
+    ([["1", "2", "no", "s"]], {"label-column": "outcome"},
+     r"has no column\(s\) \['outcome'\].*its columns are \['a', 'b', 'y', 'site'\]"),
+    ([["1", "2", "no", "s"]], {"feature-columns": "a,c"}, r"has no column\(s\) \['c'\]"),
+    ([["1", "2", "no", "s"]], {"tabular-split": "natural-id", "split-column": "region"},
+     r"has no column\(s\) \['region'\]"),
+    ([], {}, r"data-path='.*d.csv' has no rows"),
+])
+def test_the_preflight_finds_a_missing_file_a_missing_column_and_an_empty_file(
+    tmp_path: Path, rows: list[list[Any]] | None, config: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "absent.csv" if rows is None else write_csv(tmp_path / "d.csv", rows)
+    with pytest.raises(TaskDataError, match=message):
+        preflight(path, **config)
+    # The full read finds the same problem (the preflight only finds it earlier).
+    with pytest.raises(TaskSettingsError):
+        task(path, **config).client_dataset(0, 1)
+
+
+def test_the_preflight_refuses_an_empty_data_path_and_a_file_without_a_header(
+    tmp_path: Path
+) -> None:
+    with pytest.raises(TaskDataError, match=r"data-path must name a CSV or Parquet file"):
+        preflight("")
+    (tmp_path / "zero.csv").write_bytes(b"")
+    with pytest.raises(TaskDataError, match=r"zero.csv' cannot be read as CSV"):
+        preflight(tmp_path / "zero.csv")
+
+
+def test_the_preflight_reads_no_record(tmp_path: Path) -> None:
+    # Prepare: a header, then a record that is wrong in every way a value can be: not
+    # UTF-8, not a number, a label outside the classes, one field too many.
+    path = tmp_path / "d.csv"
+    path.write_bytes(b"a,b,y,site\n1,\xff\xfe Jane,maybe,s,extra\n")
+
+    # Execute / Assert: the header has the columns and a line follows it: the preflight
+    # passes; the full read (charged, on a device) refuses the record.
+    preflight(path)
+    with pytest.raises(TaskSettingsError):
+        task(path).client_dataset(0, 1)
+
+
+def test_the_preflight_reads_the_header_as_the_full_read_does(tmp_path: Path) -> None:
+    # A byte-order mark, spaces after the commas, Windows line ends, blank lines: no column is
+    # found missing that the full read finds.
+    path = tmp_path / "d.csv"
+    path.write_bytes(b"\xef\xbb\xbfa, b, y, site\r\n\r\n12, -3, yes, s\r\n8, -2, no, s\r\n")
+    preflight(path)
+    assert len(task(path).client_dataset(0, 1)) == 2
+    blank = tmp_path / "blank.csv"
+    blank.write_bytes(b"a,b,y,site\n\n  \n")
+    with pytest.raises(TaskDataError, match="has no rows"):
+        preflight(blank)
+
+
+def test_the_preflight_reads_a_parquet_files_schema(tmp_path: Path) -> None:
+    import pandas as pd
+
+    frame = pd.read_csv(write_csv(tmp_path / "d.csv", sample_rows(5)), dtype={"y": str})
+    good, empty = tmp_path / "d.parquet", tmp_path / "empty.pq"
+    frame.to_parquet(good)
+    frame.iloc[:0].to_parquet(empty)
+    preflight(good)
+    with pytest.raises(TaskDataError, match=r"has no column\(s\) \['c'\].*'site'\]"):
+        preflight(good, **{"feature-columns": "a,c"})
+    with pytest.raises(TaskDataError, match=r"empty.pq' has no rows"):
+        preflight(empty)
+    (tmp_path / "bad.parquet").write_text("a,b,y\n1,2,no\n")
+    with pytest.raises(TaskDataError, match=r"bad.parquet' cannot be read as Parquet"):
+        preflight(tmp_path / "bad.parquet")
+
+
+def test_the_preflight_finds_an_empty_iid_partition_from_the_row_count(tmp_path: Path) -> None:
+    # Partition p of an iid split is empty exactly when the file has no more than p rows.
+    path = write_csv(tmp_path / "all.csv", sample_rows(2))
+    iid = {"tabular-split": "iid"}
+    preflight(path, 1, 3, **iid)
+    with pytest.raises(TaskDataError, match=r"has 2 row\(s\), fewer than the 3"):
+        preflight(path, 2, 3, **iid)
+    # A Dirichlet partition depends on the labels: left to the (charged) full read.
+    preflight(path, 2, 3, **{"tabular-split": "dirichlet"})
+
+
+def test_tasks_without_a_preflight_check_nothing(tmp_path: Path) -> None:
+    absent = str(tmp_path / "absent.csv")
+    assert preflight_task({"task": "synthetic", "data-path": absent}, 0, 1) is None
+    with pytest.raises(TaskDataError, match="no such file"):
+        preflight_task({**BASE, "data-path": absent}, 0, 1)
 
 
 # -- one file split among virtual devices (Flower Datasets) --------------------------------------
