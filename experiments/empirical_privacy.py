@@ -242,4 +242,5 @@ def table(rows: list[dict[str, str]]) -> list[str]:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, shown=("charged", "epsilon_lb"),
                         perform=perform, report=privacy_report.audit_section,
-                        paper="004 ch. 4: empirical ε against the charge")
+                        paper="004 ch. 4: empirical ε against the charge",
+                        engine="in-process")

@@ -302,4 +302,4 @@ EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("auc_loss", "auc_shadow", "auc_noisy", "cost_s_shadow",
                                "cost_s_noisy"), perform=perform,
                         report=privacy_report.mia_section,
-                        paper="004 ch. 4: membership inference (Fig. 4.4)")
+                        paper="004 ch. 4: membership inference (Fig. 4.4)", engine="in-process")

@@ -309,3 +309,18 @@ def test_the_report_keeps_the_sections_after_its_marker(tmp_path: Path) -> None:
     assert "old generated text" not in text
     assert text.endswith(f"{KEPT_MARKER}\n\n## Rogue devices\n\n| a | b |\n")
     assert write_report(tmp_path / "runs", doc).read_text().count("## Rogue devices") == 1
+
+
+def test_the_report_says_which_engine_ran_each_experiment_from_its_declaration() -> None:
+    from experiments.report import ORDER, _engines, _experiments
+    from experiments.runner import ENGINES
+
+    experiments = _experiments()
+    text = _engines(experiments)
+
+    for name in ORDER:
+        assert experiments[name].engine in ENGINES
+        assert text.count(f"`{name}`") == 1
+    assert experiments["mia"].engine == "in-process"
+    assert experiments["accuracy-vs-nu"].engine == "simulation"
+
