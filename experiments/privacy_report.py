@@ -34,6 +34,26 @@ MECHANISMS_TEXT = (
     "allows for that pair at that δ: the gap from the charge to it is the accounting's slack "
     "(RDP's conversion for the Gaussian, post-processing for the sign), the gap from it to the "
     "bound the test's (its tails need more releases).")
+RECORD_TEXT = (
+    "**Record level** (`dpsgd`, `experiments/record_audit.py`). Every release is made by the "
+    "device's own path: settings resolved from a run config and a device policy (its "
+    "`neighbouring` included), `plan_record_release` (the event a real `PrivacyLedger` "
+    "charges: record-level ε at δ), `release_record` (the k = 2 report-noisy-min, DP-SGD "
+    "with Opacus's per-sample gradients, the release check), fixed clipping at C = 1. The "
+    "neighbouring inputs are a crafted canary record in or out (add/remove) or replaced by "
+    "its mirror image (replace-one, the device default): a bias-free linear classifier of "
+    "two classes, and a canary whose one feature no other record uses, so that its gradient "
+    "lies in a column of the weights of its own, in a fixed direction, with a norm far above "
+    "C: clipping leaves exactly C there, and the projection of the release on that direction "
+    "is s·Binomial(T, q) + N(0, Tν²) in units of C (s = 1 in, 0 out, −1 replaced), whose "
+    "exact likelihood ratio is the test. Each release carries 100 such canary slots (half in, "
+    "half out, at random): their directions are orthogonal and the noise isotropic, so each "
+    "slot is one independent trial of the one-record pair and *releases per input* counts "
+    "slots; the row with one canary per release checks that design at one trial a release. "
+    "k = 2: one canary per release, whose loss is 0 under one hypothesis and the loss clip L "
+    "under the other, beside a record that tilts the sums by L/2, so that the choice turns "
+    "on the canary; the test reads which hypothesis the release was trained from. *exact*: "
+    "closed form at q = 1, numerical integration at T = 1, blank otherwise.")
 MIA_TEXT = (
     "**Membership inference** (thesis 004 ch. 4, `experiments/mia.py`). One device's release "
     "after one round of gpfl's own client (`client.numpy_client.GpflClient`, called in process "
@@ -64,7 +84,7 @@ def audit_section(rows: list[dict[str, str]]) -> list[str]:
     """Return the Markdown of ``empirical-privacy``'s section from its rows."""
     from experiments import empirical_privacy
 
-    return [INTRO, "", MECHANISMS_TEXT, "", *empirical_privacy.table(rows)]
+    return [INTRO, "", MECHANISMS_TEXT, "", RECORD_TEXT, "", *empirical_privacy.table(rows)]
 
 
 def mia_section(rows: list[dict[str, str]]) -> list[str]:
