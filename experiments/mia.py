@@ -55,7 +55,7 @@ from experiments.mia_models import (
 )
 from experiments.privacy_audit import epsilon_lower_bound
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import fmt, mean_ci, paired_difference, verdict
+from experiments.tables import fmt, mean_ci
 
 NAME = "mia"
 ATTACKS = ("loss", "shadow", "noisy")
@@ -264,26 +264,6 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     seeds = sorted({int(r["seed"]) for r in rows})
     lines += ["", f"Seeds: {len(seeds)}; each entry mean ± half-width of the 95 % Student-t "
               "interval over seeds."]
-    return lines
-
-
-def findings(rows: list[dict[str, str]]) -> list[str]:
-    """Markdown list: does noisy match shadow (AUC and TPR at 1 %, paired by seed), at what cost."""
-    lines = ["Does ch. 4's finding (noisy ≈ shadow, at a fraction of the cost) hold? Each "
-             "difference paired by seed, mean [95 % Student-t interval]:", ""]
-    for task, noise in dict.fromkeys((r["task"], r["noise"]) for r in rows):
-        cell = [r for r in rows if r["task"] == task and r["noise"] == noise]
-
-        def by(column: str, cell: list[dict[str, str]] = cell) -> dict[int, float]:
-            return {int(r["seed"]): float(r[column]) for r in cell if r.get(column)}
-
-        auc = paired_difference(by("auc_noisy"), by("auc_shadow"))
-        above = paired_difference(by("auc_shadow"), by("auc_loss"))
-        tpr = paired_difference(by("tpr_1_noisy"), by("tpr_1_shadow"))
-        cost = [float(r["cost_s_shadow"]) / float(r["cost_s_noisy"]) for r in cell]
-        lines.append(f"- {task}, {noise}: AUC noisy − shadow {verdict(*auc)}; TPR at 1 % "
-                     f"noisy − shadow {verdict(*tpr)}; AUC shadow − loss {verdict(*above)}; "
-                     f"shadow costs {fmt(sum(cost) / len(cost), 2)}× the noisy calibration.")
     return lines
 
 

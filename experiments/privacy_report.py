@@ -7,7 +7,11 @@ the experiments' code.
 
 from __future__ import annotations
 
-__all__ = ["audit_section", "mia_section"]
+import math
+
+from experiments.tables import fmt, mean_ci, paired_difference, verdict
+
+__all__ = ["EQUIVALENCE_MARGIN", "audit_section", "mia_findings", "mia_section", "mia_verdict"]
 
 INTRO = (
     "Each ledger charges an ε per release; the audits below check it against what an attacker "
@@ -91,4 +95,72 @@ def mia_section(rows: list[dict[str, str]]) -> list[str]:
     """Return the Markdown of ``mia``'s section from its rows."""
     from experiments import mia
 
-    return [MIA_TEXT, "", *mia.table(rows), "", *mia.findings(rows), "", MIA_LIMITS]
+    return [MIA_TEXT, "", *mia.table(rows), "", *mia_findings(rows), "", MIA_LIMITS]
+
+
+#: How far below the shadow calibration (in AUC, and in TPR at FPR 1 %) the noisy one may be
+#: and still count as matching it ("≈" in ch. 4's finding).
+EQUIVALENCE_MARGIN = 0.05
+Interval = tuple[float, float, int]
+
+
+def mia_verdict(auc: Interval, tpr: Interval, cost: Interval) -> str:
+    """Ch. 4's finding, read from the 95 % intervals of noisy − shadow and of the cost ratio.
+
+    *Reproduced*: both differences' intervals lie above −margin (noisy no worse than shadow by
+    more than the margin) and the cost ratio's above 1 (shadow costs more). *Not reproduced*:
+    an interval lies wholly below −margin, or the ratio's wholly at or below 1. Otherwise
+    *inconclusive* at this number of seeds.
+    """
+    def bounds(i: Interval) -> tuple[float, float]:
+        mean, half, n = i
+        half = half if n >= 2 and math.isfinite(half) else math.inf
+        return mean - half, mean + half
+
+    (auc_lo, auc_hi), (tpr_lo, tpr_hi), (cost_lo, cost_hi) = map(bounds, (auc, tpr, cost))
+    if auc_hi < -EQUIVALENCE_MARGIN or tpr_hi < -EQUIVALENCE_MARGIN or cost_hi <= 1.0:
+        return "not reproduced"
+    if auc_lo > -EQUIVALENCE_MARGIN and tpr_lo > -EQUIVALENCE_MARGIN and cost_lo > 1.0:
+        return "reproduced"
+    return "inconclusive"
+
+
+def mia_findings(rows: list[dict[str, str]]) -> list[str]:
+    """Markdown: noisy against shadow (paired by seed), the cost ratio, and the verdict."""
+    lines = [f"Does ch. 4's finding (noisy-neighbour calibration ≈ shadow-model calibration, at "
+             f"a fraction of the cost) hold? Each difference paired by seed, mean [95 % "
+             f"Student-t interval]. *Reproduced* when the intervals of noisy − shadow in AUC "
+             f"and in TPR at FPR 1 % both lie above −{EQUIVALENCE_MARGIN:g} and that of the "
+             f"cost ratio shadow / noisy above 1; *not reproduced* when one difference's "
+             f"interval lies wholly below −{EQUIVALENCE_MARGIN:g} or the ratio's at or below "
+             f"1; *inconclusive* otherwise.", ""]
+    verdicts: dict[str, str] = {}
+    for task, noise in dict.fromkeys((r["task"], r["noise"]) for r in rows):
+        cell = [r for r in rows if r["task"] == task and r["noise"] == noise]
+
+        def by(column: str, cell: list[dict[str, str]] = cell) -> dict[int, float]:
+            return {int(r["seed"]): float(r[column]) for r in cell if r.get(column)}
+
+        auc = paired_difference(by("auc_noisy"), by("auc_shadow"))
+        above = paired_difference(by("auc_shadow"), by("auc_loss"))
+        tpr = paired_difference(by("tpr_1_noisy"), by("tpr_1_shadow"))
+        cost = mean_ci([float(r["cost_s_shadow"]) / float(r["cost_s_noisy"]) for r in cell])
+        found = mia_verdict(auc, tpr, cost)
+        if noise == "none":
+            verdicts[task] = found
+        lines.append(f"- {task}, {noise}: AUC noisy − shadow {verdict(*auc)}; TPR at 1 % "
+                     f"noisy − shadow {verdict(*tpr)}; AUC shadow − loss {verdict(*above)}; "
+                     f"shadow costs {_ratio(cost)}× the noisy calibration: **{found}**.")
+    if verdicts:
+        lines += ["", "**Verdict** on the models trained without noise (where the attacks "
+                  "have something to find; with noise both calibrations sit near chance, "
+                  "and matching there says little): " + "; ".join(
+                      f"{task}: **{found}**" for task, found in verdicts.items()) + "."]
+    return lines
+
+
+def _ratio(cost: Interval) -> str:
+    mean, half, n = cost
+    if n >= 2 and math.isfinite(half):
+        return f"{fmt(mean, 3)} [{fmt(mean - half, 3)}, {fmt(mean + half, 3)}]"
+    return fmt(mean, 3)
