@@ -110,7 +110,8 @@ def mia_verdict(auc: Interval, tpr: Interval, cost: Interval) -> str:
     *Reproduced*: both differences' intervals lie above −margin (noisy no worse than shadow by
     more than the margin) and the cost ratio's above 1 (shadow costs more). *Not reproduced*:
     an interval lies wholly below −margin, or the ratio's wholly at or below 1. Otherwise
-    *inconclusive* at this number of seeds.
+    *inconclusive* at this number of seeds. (Where the shadow attack itself is not above
+    chance, matching it says little: `mia_findings` says so beside the verdict.)
     """
     def bounds(i: Interval) -> tuple[float, float]:
         mean, half, n = i
@@ -146,6 +147,9 @@ def mia_findings(rows: list[dict[str, str]]) -> list[str]:
         tpr = paired_difference(by("tpr_1_noisy"), by("tpr_1_shadow"))
         cost = mean_ci([float(r["cost_s_shadow"]) / float(r["cost_s_noisy"]) for r in cell])
         found = mia_verdict(auc, tpr, cost)
+        shadow_mean, shadow_half, seeds = mean_ci([float(r["auc_shadow"]) for r in cell])
+        if found == "reproduced" and not (seeds >= 2 and shadow_mean - shadow_half > 0.5):
+            found += " (vacuously: the shadow attack's AUC is not above chance here)"
         if noise == "none":
             verdicts[task] = found
         lines.append(f"- {task}, {noise}: AUC noisy − shadow {verdict(*auc)}; TPR at 1 % "
