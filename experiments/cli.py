@@ -1,6 +1,7 @@
 """``python -m experiments NAME`` (or ``gpfl-experiment NAME``): the papers' experiments.
 
-Each experiment runs its federations one at a time on Flower's Simulation Engine and writes
+Each experiment runs its configurations one at a time (federations on Flower's Simulation Engine,
+or gpfl's own parts in process: each declares its ``engine``) and writes
 ``results.csv`` (a header row, one row per configuration and seed), PNG figures under
 ``figures/`` and ``meta.json`` into ``--out`` (default ``runs/experiments/<name>``), printing a
 progress line per finished configuration. ``--quick`` uses reduced settings (five seeds; on 2

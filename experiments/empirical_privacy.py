@@ -8,8 +8,11 @@ at 95 % confidence, and sets the bound beside the ledger's charge and the law's 
 accounting errors the regression test (tests/test_privacy_audit.py) must catch and show the
 bound each reaches; the ``catch-rate`` rows repeat the test's audits under three of them over
 fresh seeds and count how often the error is caught (the test's power), and the
-``false-positive`` rows repeat its tight Laplace audits and count how often a correct mechanism
-would fail it.
+``false-positive`` rows repeat its tight Laplace and DP-SGD audits and count how often a
+correct mechanism would fail them. The record-level mode (``dpsgd``) is audited with crafted
+canary records in or out of a device's data (`experiments.record_audit`), at the relation the
+device declares (add/remove or replace-one), with one and several steps, Poisson sampling and
+the k = 2 hypothesis choice.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import numpy as np
 
 from experiments import privacy_audit as pa
 from experiments import privacy_report
+from experiments import record_audit as ra
 from experiments.common import Context
 from experiments.runner import Cell, Experiment
 from experiments.tables import fmt
@@ -34,22 +38,24 @@ COLUMNS = ("kind", "scenario", "mechanism", "k", "parameter", "delta", "unit", "
            "exact", "epsilon_lb", "confidence", "trials", "tpr", "fpr", "exceed_rate", "repeats",
            "seed")
 PROFILES: dict[str, dict[str, Any]] = {
-    "full": {"laplace": 100_000, "gaussian": 1_000_000, "sign": 100_000, "repeats": 500,
-             "power_repeats": 200},
-    "quick": {"laplace": 20_000, "gaussian": 100_000, "sign": 20_000, "repeats": 100,
-              "power_repeats": 50},
+    "full": {"laplace": 100_000, "gaussian": 1_000_000, "sign": 100_000, "dpsgd": 1_000_000,
+             "choice": 20_000, "single": 20_000, "repeats": 500, "power_repeats": 200},
+    "quick": {"laplace": 20_000, "gaussian": 100_000, "sign": 20_000, "dpsgd": 100_000,
+              "choice": 2_000, "single": 4_000, "repeats": 100, "power_repeats": 50},
     # The tests: small grids, the injected errors at the regression test's own sizes only.
-    "smoke": {"laplace": 2_000, "gaussian": 4_000, "sign": 2_000, "repeats": 5,
-              "power_repeats": 0},
+    "smoke": {"laplace": 2_000, "gaussian": 4_000, "sign": 2_000, "dpsgd": 4_000,
+              "choice": 200, "single": 200, "repeats": 5, "power_repeats": 0},
 }
 #: The regression test's own settings (tests/test_privacy_audit.py).
 TEST_DELTA, TEST_LAPLACE, TEST_GAUSSIAN = 0.01, 4_000, 20_000
+TEST_RECORD, TEST_CHOICE = 10_000, 200
+Scenario = pa.Scenario | ra.RecordScenario
 
 
-def _scenarios(profile: dict[str, Any]) -> list[tuple[str, Callable[[], pa.Scenario], int,
+def _scenarios(profile: dict[str, Any]) -> list[tuple[str, Callable[[], Scenario], int,
                                                       float, int]]:
     """(label, scenario, trials, parameter, k) of the audit grid."""
-    out: list[tuple[str, Callable[[], pa.Scenario], int, float, int]] = []
+    out: list[tuple[str, Callable[[], Scenario], int, float, int]] = []
     for eps in (0.5, 1.0, 2.0):
         out.append((f"laplace fixed eps={eps:g}", functools.partial(pa.laplace_fixed, eps),
                     profile["laplace"], eps, 1))
@@ -64,7 +70,38 @@ def _scenarios(profile: dict[str, Any]) -> list[tuple[str, Callable[[], pa.Scena
         for eps in (1.0, 4.0):
             out.append((f"sign k={k} eps={eps:g}", functools.partial(pa.sign, eps, delta=1e-5, k=k),
                         profile["sign"], eps, k))
+    for s in _record_grid():
+        trials = profile["choice" if s.k == 2 else "single" if s.canaries == 1 else "dpsgd"]
+        out.append((s.name, functools.partial(_given, s), trials, s.noise_multiplier, s.k))
     return out
+
+
+def _given(scenario: ra.RecordScenario) -> ra.RecordScenario:
+    return scenario
+
+
+def _record(relation: str, nu: float, *, q: float = 1.0, steps: int = 1, k: int = 1,
+            canaries: int = 100, delta: float = 1e-5) -> ra.RecordScenario:
+    name = f"dpsgd {relation} nu={nu:g} q={q:g} T={steps}" + (f" k={k}" if k > 1 else "") + (
+        f", one canary per release, delta={delta:g}" if canaries == 1 else "")
+    return ra.RecordScenario(name, relation, nu, steps, q, k, canaries, delta)
+
+
+def _record_grid() -> list[ra.RecordScenario]:
+    """DP-SGD: ν at one step and both relations; several steps; sampling; the choice; K = 1."""
+    grid = [_record(rel, nu) for rel in ("add-remove", "replace-one") for nu in (0.5, 1.0, 2.0)]
+    grid += [_record("add-remove", 2.0, steps=4),
+             *(_record(rel, 1.0, q=0.5) for rel in ("add-remove", "replace-one")),
+             _record("add-remove", 1.0, k=2),
+             _record("add-remove", 1.0, canaries=1, delta=TEST_DELTA)]
+    return grid
+
+
+def _run_audit(scenario: Scenario, *, trials: int, seed: int,
+               resolution: float | None = pa.RESOLUTION) -> pa.AuditResult:
+    if isinstance(scenario, ra.RecordScenario):
+        return ra.audit_record(scenario, trials=trials, seed=seed)
+    return pa.audit(scenario, trials=trials, seed=seed, resolution=resolution)
 
 
 @contextlib.contextmanager
@@ -108,7 +145,7 @@ def _far_sign() -> pa.Scenario:
 
 
 #: The injected errors of the regression test: (label, context, scenario, trials).
-POWER: tuple[tuple[str, Callable[[], Any], Callable[[], pa.Scenario], int], ...] = (
+POWER: tuple[tuple[str, Callable[[], Any], Callable[[], Scenario], int], ...] = (
     ("gaussian, noise halved", _halved_gaussian,
      lambda: pa.gaussian(1.0, delta=TEST_DELTA), TEST_GAUSSIAN),
     # The same error at the default δ = 1e-5: the tails it shows in need ten times the releases.
@@ -121,12 +158,26 @@ POWER: tuple[tuple[str, Callable[[], Any], Callable[[], pa.Scenario], int], ...]
     ("gaussian k=2, spread left out of sigma", _spread_left_out,
      lambda: pa.gaussian(1.0, delta=TEST_DELTA, k=2), TEST_GAUSSIAN),
     ("sign, update not clipped", _unclipped, _far_sign, TEST_GAUSSIAN),
+    ("dpsgd add-remove, noise multiplier halved", ra.halved_noise,
+     lambda: _record("add-remove", 1.0, delta=TEST_DELTA), TEST_RECORD),
+    ("dpsgd replace-one charged as add-remove", ra.replace_one_charged_as_add_remove,
+     lambda: _record("replace-one", 1.0, delta=TEST_DELTA), TEST_RECORD),
+    ("dpsgd k=2, choice without noise and not charged", ra.uncharged_choice,
+     lambda: _record("add-remove", 1.0, k=2, delta=TEST_DELTA), TEST_CHOICE),
 )
 
 
 #: The injected errors whose catch rate is measured over fresh seeds.
 CATCH_RATE = ("gaussian, noise halved", "laplace fixed, noise halved",
-              "laplace neighbourhood, noise halved")
+              "laplace neighbourhood, noise halved", "dpsgd add-remove, noise multiplier halved",
+              "dpsgd replace-one charged as add-remove")
+#: The regression test's tight audits whose false-positive rate is measured over fresh seeds.
+FALSE_POSITIVE: tuple[tuple[str, Callable[[], Scenario], int], ...] = (
+    ("laplace fixed eps=1", lambda: pa.laplace_fixed(1.0), TEST_LAPLACE),
+    ("laplace neighbourhood nu=1", lambda: pa.laplace_neighbourhood(1.0), TEST_LAPLACE),
+    ("dpsgd add-remove nu=1 q=1 T=1, delta=0.01",
+     lambda: _record("add-remove", 1.0, delta=TEST_DELTA), TEST_RECORD),
+)
 
 
 def grid(ctx: Context) -> list[Cell]:
@@ -147,12 +198,11 @@ def grid(ctx: Context) -> list[Cell]:
                        "not rounded", "k": 1, "parameter": 2.0, "seed": seed,
                        "make": functools.partial(pa.laplace_neighbourhood, 2.0),
                        "trials": profile["laplace"]}))
-    for label, make in (("laplace fixed eps=1", lambda: pa.laplace_fixed(1.0)),
-                        ("laplace neighbourhood nu=1", lambda: pa.laplace_neighbourhood(1.0))):
+    for label, make, trials in FALSE_POSITIVE:
         cells.append(Cell(f"false-positive {label}",
                           {"kind": "false-positive", "scenario": label, "k": 1,
                            "parameter": 1.0, "seed": seed, "make": make,
-                           "trials": TEST_LAPLACE, "repeats": profile["repeats"]}))
+                           "trials": trials, "repeats": profile["repeats"]}))
     # The power over fresh seeds of the regression test's own audits (δ = 0.01 and Laplace).
     for label, inject, make, trials in POWER if profile["power_repeats"] else ():
         if label not in CATCH_RATE:
@@ -172,7 +222,7 @@ def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
         repeats = int(keys["repeats"])
         inject = keys["inject"]() if keys["kind"] == "catch-rate" else contextlib.nullcontext()
         with inject:
-            results = [pa.audit(keys["make"](), trials=trials, seed=1000 + r)
+            results = [_run_audit(keys["make"](), trials=trials, seed=1000 + r)
                        for r in range(repeats)]
         exceed = sum(not r.consistent for r in results) / repeats
         return {"result": results[0], "exceed_rate": exceed, "trials": trials,
@@ -180,7 +230,7 @@ def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
     context = keys["inject"]() if keys["kind"] == "power" else contextlib.nullcontext()
     resolution = None if keys["kind"] == "float-leak" else pa.RESOLUTION
     with context:
-        result = pa.audit(keys["make"](), trials=trials, seed=seed, resolution=resolution)
+        result = _run_audit(keys["make"](), trials=trials, seed=seed, resolution=resolution)
     return {"result": result, "exceed_rate": None, "trials": trials, "repeats": None}
 
 
@@ -242,4 +292,5 @@ def table(rows: list[dict[str, str]]) -> list[str]:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, shown=("charged", "epsilon_lb"),
                         perform=perform, report=privacy_report.audit_section,
-                        paper="004 ch. 4: empirical ε against the charge")
+                        paper="004 ch. 4: empirical ε against the charge",
+                        engine="in-process")

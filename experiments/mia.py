@@ -55,7 +55,7 @@ from experiments.mia_models import (
 )
 from experiments.privacy_audit import epsilon_lower_bound
 from experiments.runner import Cell, Experiment, Run
-from experiments.tables import fmt, mean_ci, paired_difference, verdict
+from experiments.tables import fmt, mean_ci
 
 NAME = "mia"
 ATTACKS = ("loss", "shadow", "noisy")
@@ -267,26 +267,6 @@ def table(rows: list[dict[str, str]]) -> list[str]:
     return lines
 
 
-def findings(rows: list[dict[str, str]]) -> list[str]:
-    """Markdown list: does noisy match shadow (AUC and TPR at 1 %, paired by seed), at what cost."""
-    lines = ["Does ch. 4's finding (noisy ≈ shadow, at a fraction of the cost) hold? Each "
-             "difference paired by seed, mean [95 % Student-t interval]:", ""]
-    for task, noise in dict.fromkeys((r["task"], r["noise"]) for r in rows):
-        cell = [r for r in rows if r["task"] == task and r["noise"] == noise]
-
-        def by(column: str, cell: list[dict[str, str]] = cell) -> dict[int, float]:
-            return {int(r["seed"]): float(r[column]) for r in cell if r.get(column)}
-
-        auc = paired_difference(by("auc_noisy"), by("auc_shadow"))
-        above = paired_difference(by("auc_shadow"), by("auc_loss"))
-        tpr = paired_difference(by("tpr_1_noisy"), by("tpr_1_shadow"))
-        cost = [float(r["cost_s_shadow"]) / float(r["cost_s_noisy"]) for r in cell]
-        lines.append(f"- {task}, {noise}: AUC noisy − shadow {verdict(*auc)}; TPR at 1 % "
-                     f"noisy − shadow {verdict(*tpr)}; AUC shadow − loss {verdict(*above)}; "
-                     f"shadow costs {fmt(sum(cost) / len(cost), 2)}× the noisy calibration.")
-    return lines
-
-
 def _ci(rows: Sequence[dict[str, str]], column: str, digits: int = 3) -> str:
     values = [float(r[column]) for r in rows if r.get(column) not in ("", None)]
     mean, half, n = mean_ci(values)
@@ -302,4 +282,4 @@ EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("auc_loss", "auc_shadow", "auc_noisy", "cost_s_shadow",
                                "cost_s_noisy"), perform=perform,
                         report=privacy_report.mia_section,
-                        paper="004 ch. 4: membership inference (Fig. 4.4)")
+                        paper="004 ch. 4: membership inference (Fig. 4.4)", engine="in-process")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.claims import flow
-from experiments.runner import Experiment
+from experiments.runner import ENGINES, Experiment
 from experiments.tables import fmt, read_csv
 
 __all__ = ["KEPT_MARKER", "ORDER", "RAW_DIR", "not_regenerated", "publish", "render",
@@ -235,9 +235,8 @@ def render(raw: Path, previous: str) -> str:
         f"Written from the raw files committed in `docs/{RAW_DIR}/<experiment>/` "
         f"(`results.csv`, `meta.json`; the newest finished {finished[-1] if finished else '-'}"
         "); `tests/test_results_regenerate.py` writes this file again from them and fails on "
-        "any difference. Every number below comes "
-        "from the `results.csv` of an experiment run with this repository's ServerApp and "
-        "ClientApp on Flower's Simulation Engine (Ray), one virtual SuperNode per user; the "
+        "any difference. Every number below comes from the `results.csv` of an experiment; "
+        f"{_engines(experiments)}. The "
         "papers' numbers are quoted from the papers themselves (001 = Galli et al., conference "
         "version; 000 = its extended version; 004 = Galli's thesis; 002 = Wu, Xu, Zhu 2023).",
         "",
@@ -304,6 +303,16 @@ def render(raw: Path, previous: str) -> str:
     if len(kept) == 2:
         out += ["", KEPT_MARKER + kept[1].rstrip()]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _engines(experiments: dict[str, Experiment]) -> str:
+    """Say which experiments ran on which engine, from each one's own declaration."""
+    parts = []
+    for engine, words in ENGINES.items():
+        names = [f"`{name}`" for name in ORDER if experiments[name].engine == engine]
+        if names:
+            parts.append(f"{', '.join(names)} ran with {words}")
+    return "; ".join(parts)
 
 
 def _differences() -> list[str]:

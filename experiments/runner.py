@@ -39,7 +39,7 @@ from rich.progress import Progress as RichProgress
 from experiments.common import Context, FederationSpec
 from experiments.tables import fmt, read_csv, write_csv
 
-__all__ = ["Cell", "Experiment", "Progress", "Run", "run"]
+__all__ = ["ENGINES", "Cell", "Experiment", "Progress", "Run", "run"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,15 @@ class Cell:
 
 Run = tuple[Cell, Any]
 """A finished configuration: its cell and what ``perform`` returned (a run's summary)."""
+
+
+#: What an experiment's ``engine`` may say, and how the report says it.
+ENGINES = {
+    "simulation": "this repository's ServerApp and ClientApp on Flower's Simulation Engine "
+                  "(Ray), one virtual SuperNode per user",
+    "in-process": "gpfl's own client, mechanisms or trainer called in one process, without a "
+                  "Flower engine",
+}
 
 
 def _perform_federation(ctx: Context, cell: Cell) -> dict[str, Any]:
@@ -117,6 +126,10 @@ class Experiment:
         they are).
     paper : str
         What the experiment reproduces (a paper's figure or table), for the report's index.
+    engine : str
+        What runs its configurations, for the report: ``"simulation"`` (the ServerApp and
+        ClientApp on Flower's Simulation Engine) or ``"in-process"`` (gpfl's own client,
+        mechanisms or trainer called in this process, no Flower engine).
     """
 
     name: str
@@ -129,6 +142,11 @@ class Experiment:
     perform: Callable[[Context, Cell], Any] = _perform_federation
     report: Callable[[list[dict[str, str]]], list[str]] = _rows_only
     paper: str = "-"
+    engine: str = "simulation"
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {self.engine!r}")
 
     def message(self, row: dict[str, Any], result: Any) -> str:
         """Return the progress message of a finished configuration."""

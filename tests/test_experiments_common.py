@@ -309,3 +309,29 @@ def test_the_report_keeps_the_sections_after_its_marker(tmp_path: Path) -> None:
     assert "old generated text" not in text
     assert text.endswith(f"{KEPT_MARKER}\n\n## Rogue devices\n\n| a | b |\n")
     assert write_report(tmp_path / "runs", doc).read_text().count("## Rogue devices") == 1
+
+
+def test_the_report_says_which_engine_ran_each_experiment_from_its_declaration() -> None:
+    from experiments.report import ORDER, _engines, _experiments
+    from experiments.runner import ENGINES
+
+    experiments = _experiments()
+    text = _engines(experiments)
+
+    for name in ORDER:
+        assert experiments[name].engine in ENGINES
+        assert text.count(f"`{name}`") == 1
+    assert experiments["mia"].engine == "in-process"
+    assert experiments["accuracy-vs-nu"].engine == "simulation"
+
+
+def test_the_mia_verdict_reads_the_intervals() -> None:
+    from experiments.privacy_report import mia_verdict
+
+    # (mean, half-width, seeds) of noisy − shadow in AUC and TPR, and of the cost ratio.
+    assert mia_verdict((0.0, 0.02, 5), (-0.01, 0.03, 5), (4.0, 1.0, 5)) == "reproduced"
+    assert mia_verdict((-0.12, 0.03, 5), (0.0, 0.01, 5), (4.0, 1.0, 5)) == "not reproduced"
+    assert mia_verdict((0.0, 0.02, 5), (0.0, 0.01, 5), (0.8, 0.1, 5)) == "not reproduced"
+    assert mia_verdict((-0.05, 0.05, 5), (0.0, 0.01, 5), (4.0, 1.0, 5)) == "inconclusive"
+    assert mia_verdict((0.0, math.nan, 1), (0.0, math.nan, 1), (4.0, math.nan, 1)) \
+        == "inconclusive"

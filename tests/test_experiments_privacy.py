@@ -42,7 +42,7 @@ def test_the_audits_and_the_attacks_run_and_are_reported(tmp_path: Path) -> None
         if r["kind"] == "power":
             assert float(r["epsilon_lb"]) > float(r["charged"]), r["scenario"]
     mechanisms = {r["mechanism"] for r in audit if r["kind"] == "audit"}
-    assert mechanisms == {"laplace", "gaussian", "sign"}
+    assert mechanisms == {"laplace", "gaussian", "sign", "dpsgd"}
     assert {r["task"] for r in attacks} == {"digits", "breast-cancer"}
     for r in attacks:
         for attack in ("loss", "shadow", "noisy"):
@@ -51,5 +51,6 @@ def test_the_audits_and_the_attacks_run_and_are_reported(tmp_path: Path) -> None
     assert "## empirical-privacy" in text and "## mia" in text
     assert "| gaussian k=2 eps=1 | at delta=1e-05 |" in text
     assert "| gaussian k=2, spread left out of sigma |" in text
+    assert "| dpsgd replace-one charged as add-remove |" in text
     assert "| digits | none | shadow |" in text
     assert (tmp_path / "docs" / "results" / "mia" / "mia_roc.png").is_file()
