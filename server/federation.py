@@ -8,6 +8,7 @@ stops everything it started. :func:`stream_lines` reads the run's streamed log.
 from __future__ import annotations
 
 import logging
+import random
 import re
 import shutil
 import socket
@@ -45,11 +46,47 @@ def project_root() -> Path:
     return root
 
 
+#: Ports this process has handed out: never handed out twice.
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """Return the kernel's range for outgoing connections' local ports (Linux; IANA's elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
 def free_port() -> int:
-    """Return a TCP port that is free on 127.0.0.1 right now."""
+    """Return a TCP port that is free on 127.0.0.1 right now, outside the ephemeral range.
+
+    A port chosen now is bound later by a child process. Ports from the kernel's ephemeral range
+    (what binding port 0 gives) are also what outgoing connections take: with a hundred
+    SuperNodes retrying their connections during start-up, one took a port chosen for a
+    SuperNode's Runtime API in that window, and the SuperNode died ("address already in use").
+    So ports are drawn below the ephemeral range, and never twice by one process.
+    """
+    low = _ephemeral_range()[0]
+    if low > 11_000:
+        rng = random.Random()
+        for _ in range(1000):
+            port = rng.randrange(10_000, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
+    _HANDED_OUT.add(port)
+    return port
 
 
 def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes] | None = None,
