@@ -209,8 +209,10 @@ class GpflClient(NumPyClient):
             return self._decline(str(decline), "policy", None)
         if not self.policy["data-path"]:
             # No device file to read: building the task is public (its data is generated from
-            # the run config), so a malformed instruction is refused before it is charged.
+            # the run config), so a malformed instruction, or task settings that do not fit
+            # this device's partition, are refused before the round is charged.
             check_shapes(hypotheses, self.task)
+            self.task.check_partition(s.partition_id, s.num_partitions)
             if isinstance(plan, RecordPlan) and not _record_capable(self.task):
                 return self._decline("declined: task does not support mechanism dpsgd (it "
                                      "needs a torch classifier with a cross-entropy loss)",

@@ -52,6 +52,28 @@ def test_an_enormous_noise_multiplier_is_declined_and_nothing_leaves(
     assert not ledger(tmp_path).path.exists()
 
 
+def test_task_settings_that_do_not_fit_the_partition_are_refused_before_the_charge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: users = 3 on a device that is partition 0 of 2: the task's data call refuses it,
+    # which it did after the charge (a round charged for nothing, and failed).
+    from tasks.synthetic import SyntheticTask
+
+    reads: list[int] = []
+    original = SyntheticTask.client_dataset
+    monkeypatch.setattr(SyntheticTask, "client_dataset",
+                        lambda self, *a: reads.append(1) or original(self, *a))
+    server = CuriousServer(device(tmp_path))
+
+    # Execute
+    with pytest.raises(ServerSeesError) as caught:
+        server.fit({"users": 3}, HONEST)
+
+    # Assert: the public reason, no data read, nothing charged.
+    assert "users=3 does not match num-partitions=2" in str(caught.value)
+    assert reads == [] and not ledger(tmp_path).path.exists()
+
+
 def test_whether_a_round_is_charged_does_not_depend_on_the_data(tmp_path: Path) -> None:
     # Prepare: two devices with different data; the server probes noise multipliers and steps
     # across the whole range it may send (the old client raised before charging for some of
