@@ -52,6 +52,7 @@ from mechanisms import (
     LedgerCorruptError,
     PrivacyLedger,
     Spend,
+    cast_release,
     device_rng,
     seeded_rng,
 )
@@ -289,10 +290,13 @@ class GpflClient(NumPyClient):
             logger.warning("%s: the trained model is not finite or beyond max-parameter; the "
                            "hypothesis is released in its place (with the charged noise)", s.name)
         rng = self._noise_rng(s, releases)
-        released = plan.mechanism.sanitize(reference, updated, rng=rng, spread=plan.spread)
+        # Made in float64, cast to the model's dtypes last (post-processing): the noise is
+        # checked before the cast, which may round noise below float32's resolution away.
+        exact = plan.mechanism.sanitize_exact(reference, updated, rng=rng, spread=plan.spread)
+        released = cast_release(exact, updated)
         # The last line of defence: nothing leaves without the noise its charge paid for.
         verify_release(plan.mechanism, plan.event, reference=reference, updated=updated,
-                       released=released, spread=plan.spread,
+                       released=released, exact=exact, spread=plan.spread,
                        allow_unsanitized=s.privacy.mechanism == "none")
         return released
 

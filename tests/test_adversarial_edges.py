@@ -52,6 +52,42 @@ def test_an_enormous_noise_multiplier_is_declined_and_nothing_leaves(
     assert not ledger(tmp_path).path.exists()
 
 
+def test_hypotheses_at_the_devices_max_parameter_never_fail_after_the_charge(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a float32 hypothesis at the device's max-parameter (1e6, where float32's spacing
+    # is 0.0625) and a vanishing step, so the noise is nu * least-radius = 0.05: the cast to
+    # float32 rounds it away in about 4 releases of 10. The release invariant measured the
+    # noise after the cast and refused those releases, charged: 40 % of the rounds failed
+    # after the charge.
+    server = CuriousServer(device(tmp_path, **{"cap-d-privacy": 1e6}))
+    far = [np.array([1e6, -1e6], np.float32)]
+
+    # Execute: 40 rounds (with a 40 % failure rate, all 40 succeed with probability 1e-9).
+    for r in range(40):
+        released, metrics = server.fit({"learning-rate": 1e-30, "num-hypotheses": 1}, far,
+                                       server_round=r + 1)
+        assert len(released) == 1 and np.isfinite(released[0]).all()
+
+    # Assert: every round released and was charged once.
+    assert metrics["releases"] == 40 and ledger(tmp_path).spent().releases == 40
+
+
+def test_a_vanishing_clip_is_declined_before_the_charge(tmp_path: Path) -> None:
+    # Prepare: a clip of 1e-40 makes sigma = z * 2C about 1e-39, which vanishes when added to
+    # the hypothesis in float64: the release was refused after the charge, every round.
+    server = CuriousServer(device(tmp_path))
+
+    # Execute
+    released, metrics = server.fit({"mechanism": "gaussian", "clip": 1e-40,
+                                     "num-hypotheses": 1}, [HONEST[0]])
+
+    # Assert
+    assert released == [] and metrics["declined-by"] == "policy"
+    assert "clip=1e-40" in metrics["decline-reason"]
+    assert not ledger(tmp_path).path.exists()
+
+
 def test_task_settings_that_do_not_fit_the_partition_are_refused_before_the_charge(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
