@@ -18,6 +18,7 @@ import pytest
 from scipy import stats
 
 from mechanisms import NeighbourhoodEvent, PrivacyLedger
+from mechanisms.invariant import lower_tail_factor
 from tests.test_adversarial_server import (
     HONEST,
     CuriousServer,
@@ -45,6 +46,24 @@ def test_an_enormous_noise_multiplier_is_declined_and_nothing_leaves(
 
     # Execute
     released, metrics = server.fit({"noise-multiplier": nu, "learning-rate": 10.0}, HONEST)
+
+    # Assert: declined before anything was computed, naming the setting; nothing charged.
+    assert released == [] and metrics["declined"] == 1 and metrics["declined-by"] == "policy"
+    assert "noise-multiplier" in metrics["decline-reason"]
+    assert not ledger(tmp_path).path.exists()
+
+
+@pytest.mark.parametrize("nu", [1e308, 1e162, 1.7976931348623157e308])
+def test_the_overflow_attack_per_layer_is_declined_and_nothing_leaves(
+    tmp_path: Path, nu: float
+) -> None:
+    # Prepare: the same attack in per-layer mode (each layer's nu * ||delta_l|| overflows); the
+    # client before the bounds released the trained model bit for bit here too, charged 2e-308.
+    server = CuriousServer(device(tmp_path, **{"noise-multiplier": 5.0, "cap-d-privacy": 1.0}))
+
+    # Execute
+    released, metrics = server.fit(
+        {"noise-multiplier": nu, "learning-rate": 10.0, "per-layer": True}, HONEST)
 
     # Assert: declined before anything was computed, naming the setting; nothing charged.
     assert released == [] and metrics["declined"] == 1 and metrics["declined-by"] == "policy"
@@ -171,6 +190,49 @@ def test_more_hypotheses_than_the_device_allows_are_declined(
     assert f"num-hypotheses={k}" in metrics["decline-reason"]
     assert "max-hypotheses" in metrics["decline-reason"]
     assert not ledger(tmp_path).path.exists()
+
+
+def test_the_zoom_attack_at_the_most_hypotheses_a_device_serves_is_bounded(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the zoom attack within the device's bound: k = max-hypotheses = 8 hypotheses on
+    # a 1e-3 grid around the device's local optimum, and a vanishing step (delta = 0): the
+    # release is the hypothesis the device picked (the argmin of its loss over the grid) plus
+    # noise. The device's least radius keeps that noise at the Euclidean Laplace of
+    # epsilon = n / (nu * least-radius) = 2 / (5 * 0.01) = 40, E||noise|| = n / epsilon = 0.05,
+    # 50 times the grid's spacing; each release is charged n / nu = 0.4 as any other.
+    from client.policy import DevicePolicy
+    from tests.test_adversarial_server import RUN, device_task
+
+    nu, least, draws, k = 5.0, 0.01, 150, 8
+    node = device(tmp_path, **{"cap-d-privacy": 1e6})
+    server = CuriousServer(node)
+    grid = [np.array([4.522 + 1e-3 * (i - 3.5), 6.345], np.float32) for i in range(k)]
+    task = device_task(RUN, DevicePolicy.load(node, environ={}))
+    data = task.client_dataset(0, 2)
+    picked = grid[int(np.argmin([task.loss([g], data) for g in grid]))]
+
+    # Execute
+    noise = []
+    for i in range(draws):
+        released, metrics = server.fit({"learning-rate": 1e-30, "noise-multiplier": nu}, grid,
+                                       server_round=i + 1)
+        noise.append(float(np.linalg.norm(released[0].astype(np.float64) - picked)))
+    more, declined = server.fit({"learning-rate": 1e-30}, [*grid, grid[0] + 1e-3],
+                                server_round=draws + 1)
+
+    # Assert: every release's noise is above the invariant's bound at the least radius (an
+    # honest release falls below it with probability <= 1e-9), and the noise norms follow
+    # Gamma(n = 2, scale nu * least / 2), mean 0.05 (KS over 150 draws at alpha = 1e-3: a
+    # false alarm once in a thousand runs); each release was charged n / nu.
+    assert min(noise) >= lower_tail_factor(2) * nu * least
+    assert stats.kstest(noise, stats.gamma(2, scale=nu * least / 2).cdf).pvalue > 1e-3
+    assert metrics["releases"] == draws
+    assert metrics["spend-d"] == pytest.approx(draws * N_OVER_NU)
+    # ... and one hypothesis more than the device serves is declined, nothing charged.
+    assert more == [] and declined["declined-by"] == "policy"
+    assert "max-hypotheses=8" in declined["decline-reason"]
+    assert ledger(tmp_path).spent().releases == draws
 
 
 # -- 3. data in error text -------------------------------------------------------------------------
