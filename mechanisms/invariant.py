@@ -3,7 +3,7 @@
 Everything before it (settings bounds, the instruction's checks, the mechanisms'
 own validation) may one day have a bug; this check is written to hold even then.
 Given the event the ledger charged and the arrays about to be sent, it verifies,
-independently of the mechanism's own code path, that
+without the mechanism's own noise or σ (what it does read is said below), that
 
 1. the charge is real: an event this accountant knows, with a cost (d-privacy) or
    noise multiplier (RDP) that is positive and finite, and it is the event of this
@@ -20,11 +20,25 @@ independently of the mechanism's own code path, that
    keeps the guarantee) but may round noise below the dtype's resolution away:
    float32 has a spacing of 0.0625 at 1e6, a device's largest parameter.
 
-The scale is derived from the event and public numbers alone (ν and the radius
-max(‖δ‖, least radius) for the neighbourhood calibration, n/ε for the fixed one,
-z·(Δ + D) for the Gaussian), never read back from the mechanism. For the
-stochastic sign the noise cannot be seen in a ±1 vector: the check is that every
-value is ±1 and that the mechanism's σ is at least z·Δ.
+What the check takes from the mechanism, and why that is sound. The scale is
+computed here, from the charged event and public numbers: ν·max(‖δ‖, r_min) for
+the neighbourhood calibration, n/ε for the fixed one, z·(Δ + D) for the Gaussian
+(Δ from :func:`~mechanisms.clipping.l2_sensitivity`, the clipped update
+recomputed with :mod:`mechanisms.clipping`); the mechanism's own σ and noise are
+never used. It does read public parameters from the mechanism: its event for
+this release (compared with the charged one), its least radius r_min
+(neighbourhood) and its clip C and clip mode (Gaussian, sign). None of them
+enters the charge: a neighbourhood release costs n/ν at any radius r (ε = n/(ν·r),
+ε·r = n/ν), and a Gaussian one is charged by z, which gives its (ε, δ) for any C
+as long as the noise is z·(Δ + D); so whatever values these attributes hold, a
+release that passes carries noise at the scale its charge stands for (an r_min of
+0 with ‖δ‖ = 0 leaves no scale and is refused). That the least radius is the
+device's own, and the clip the one the mechanism applied, is not checked here:
+the first is the device's policy, applied where the mechanism is built
+(:func:`client.release.build_mechanism`), the second is the shared clipping code.
+For the stochastic sign the noise cannot be seen in a ±1 vector: the check is that
+every value is ±1 and that the mechanism's σ (the one method it calls) is at
+least z·Δ.
 
 A failed check raises :class:`ReleaseRefused`; the caller sends nothing (the
 release was already charged: a refusal must not be a free signal).
