@@ -57,6 +57,7 @@ from mechanisms import (
     LedgerCorruptError,
     PrivacyLedger,
     Spend,
+    cast_release,
     device_rng,
     seeded_rng,
 )
@@ -228,8 +229,10 @@ class GpflClient(NumPyClient):
             return self._decline(TASK_DATA_DECLINED, "task-data", None)
         if not self.policy["data-path"]:
             # No device file to read: building the task is public (its data is generated from
-            # the run config), so a malformed instruction is refused before it is charged.
+            # the run config), so a malformed instruction, or task settings that do not fit
+            # this device's partition, are refused before the round is charged.
             check_shapes(hypotheses, self.task)
+            self.task.check_partition(s.partition_id, s.num_partitions)
             if isinstance(plan, RecordPlan) and not _record_capable(self.task):
                 return self._decline("declined: task does not support mechanism dpsgd (it "
                                      "needs a torch classifier with a cross-entropy loss)",
@@ -328,10 +331,13 @@ class GpflClient(NumPyClient):
             logger.warning("%s: the trained model is not finite or beyond max-parameter; the "
                            "hypothesis is released in its place (with the charged noise)", s.name)
         rng = self._noise_rng(s, releases)
-        released = plan.mechanism.sanitize(reference, updated, rng=rng, spread=plan.spread)
+        # Made in float64, cast to the model's dtypes last (post-processing): the noise is
+        # checked before the cast, which may round noise below float32's resolution away.
+        exact = plan.mechanism.sanitize_exact(reference, updated, rng=rng, spread=plan.spread)
+        released = cast_release(exact, updated)
         # The last line of defence: nothing leaves without the noise its charge paid for.
         verify_release(plan.mechanism, plan.event, reference=reference, updated=updated,
-                       released=released, spread=plan.spread,
+                       released=released, exact=exact, spread=plan.spread,
                        allow_unsanitized=s.privacy.mechanism == "none")
         return released
 

@@ -52,6 +52,11 @@ Arrays = list[np.ndarray]
 #: No noise scale may exceed this: the release must stay finite in float32 (3.4e38) with room
 #: for the noise's tail.
 MAX_NOISE_SCALE = 1e30
+#: The least noise scale relative to the values it is added to: the release is made in float64
+#: (52-bit mantissa), so noise at 2^-20 of the values keeps 32 bits, and the rounding of the sum
+#: cannot hide it from the release invariant's check. Below that (a clip of 1e-40, say) the
+#: noise would vanish in the sum and the release would be refused after the charge.
+NOISE_RESOLUTION = 2.0**-20
 
 
 class InstructionError(ValueError):
@@ -215,6 +220,10 @@ def plan_release(
         sigma = z * (sensitivity + (spread if privacy.mechanism == "gaussian" else 0.0))
         check.noise("epsilon", sigma * math.sqrt(n), at_most=True)
         check.finite("clip", 1.0 / sigma)
+        if privacy.mechanism == "gaussian":
+            # The release is hypothesis + clip(δ) + noise: its values are public up to the clip.
+            largest = max(float(np.abs(a).max()) for h in hypotheses for a in h if a.size)
+            check.resolvable("clip", sigma, largest + privacy.clip)
         metrics = {k: float(v) for k, v in
                    mechanism.public_metrics(reference, reference, spread=spread).items()}
     else:
@@ -240,6 +249,12 @@ class _Checker:
     def finite(self, name: str, value: float) -> None:
         if not (value > 0.0 and math.isfinite(value)):
             raise self._decline(name, f"a derived scale is {value!r}, not positive and finite")
+
+    def resolvable(self, name: str, scale: float, magnitude: float) -> None:
+        if scale < NOISE_RESOLUTION * magnitude:
+            raise self._decline(
+                name, f"the noise scale {scale:.3g} is below float64's resolution at the "
+                f"release's values (up to {magnitude:.3g})")
 
     def noise(self, name: str, value: float, *, at_most: bool = False) -> None:
         self.finite(name, value)

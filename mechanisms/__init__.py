@@ -12,7 +12,7 @@ the façade a client uses). Rendering a ledger for people belongs to whoever sho
 (the CLI), not here.
 """
 
-from mechanisms.base import Mechanism
+from mechanisms.base import Mechanism, cast_release
 from mechanisms.calibration import calibrate_gaussian_noise_multiplier, gaussian_epsilon
 from mechanisms.clipping import (
     clip_elementwise,
@@ -68,6 +68,7 @@ __all__ = [
     "Spend",
     "StochasticSign",
     "calibrate_gaussian_noise_multiplier",
+    "cast_release",
     "clip_elementwise",
     "clip_l2",
     "device_rng",

@@ -9,6 +9,10 @@ sent it). The client calls, in this order::
     ledger.charge(event, cap=...)                      # on disk before anything leaves
     released = mechanism.sanitize(reference, updated, rng=device_rng(), spread=spread)
 
+``sanitize`` is ``cast_release(sanitize_exact(...), updated)``: the release is made in
+float64 and cast to the model's dtypes last (post-processing), so that a check of its noise
+can be made before rounding.
+
 ``reference`` and ``updated`` are sequences of floating-point arrays (one model's
 layers, same count and shapes, finite values); every method validates them.
 
@@ -80,10 +84,30 @@ class Mechanism(ABC, Generic[EventT]):
             server sent, >= 0 and finite; 0 for a single hypothesis. What the
             mechanism does with it is in its class notes.
         """
+        return cast_release(self.sanitize_exact(reference, updated, rng=rng, spread=spread),
+                            updated)
+
+    def sanitize_exact(
+        self,
+        reference: Sequence[np.ndarray],
+        updated: Sequence[np.ndarray],
+        *,
+        rng: np.random.Generator,
+        spread: float = 0.0,
+    ) -> list[np.ndarray]:
+        """Return the release in float64, before :meth:`sanitize` casts it to the model's dtypes.
+
+        The noise is drawn and added in float64; casting the sum to a narrower dtype
+        (float32 on the wire) is post-processing of this release, so it keeps its
+        guarantee, but it may round away noise smaller than the dtype's resolution at
+        the model's values. A check of the noise (:func:`mechanisms.invariant.verify_release`)
+        is made on this array; what is sent must be exactly ``cast_release`` of it.
+        Same arguments as :meth:`sanitize`.
+        """
         check_generator(rng)
         spread = check_non_negative_finite("spread", spread)
         ref, upd = check_model_pair(reference, updated)
-        return self._release(ref, upd, rng, spread)
+        return [np.asarray(a, dtype=np.float64) for a in self._release(ref, upd, rng, spread)]
 
     def public_metrics(
         self,
@@ -111,8 +135,30 @@ class Mechanism(ABC, Generic[EventT]):
 
     @abstractmethod
     def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
-        """Return the release of :meth:`sanitize`."""
+        """Return the release of :meth:`sanitize_exact` (float64, not yet cast)."""
 
     @abstractmethod
     def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
         """Return the metrics of :meth:`public_metrics`."""
+
+
+def cast_release(exact: Sequence[np.ndarray], like: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Cast a float64 release (:meth:`Mechanism.sanitize_exact`) to the dtypes of ``like``.
+
+    Raises
+    ------
+    ValueError
+        If a value overflows the layer's dtype (the noise is too large for it).
+    """
+    out = []
+    for index, (values, model) in enumerate(zip(exact, like, strict=True)):
+        dtype = np.asarray(model).dtype
+        with np.errstate(over="ignore"):
+            cast = np.asarray(values).astype(dtype, copy=True)
+        if not np.isfinite(cast).all():
+            raise ValueError(
+                f"layer {index}: the noisy release overflows {dtype}; the noise is too large "
+                "for this dtype"
+            )
+        out.append(cast)
+    return out

@@ -150,7 +150,7 @@ class GaussianMechanism(_ClippedGaussianBase[GaussianReleaseEvent]):
         return GaussianReleaseEvent(self.noise_multiplier)
 
     def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
-        """Return ``reference + clip(updated − reference) + N(0, σ² I)`` in ``updated``'s dtypes.
+        """Return ``reference + clip(updated − reference) + N(0, σ² I)`` in float64.
 
         σ = z·(Δ + ``spread``); ``spread`` is the hypotheses' diameter (0 for one).
         """
@@ -165,9 +165,5 @@ class GaussianMechanism(_ClippedGaussianBase[GaussianReleaseEvent]):
             offset += u.size
             layer += d
             np.add(layer, r, out=layer, casting="same_kind")
-            with np.errstate(over="ignore"):
-                cast = layer.astype(u.dtype, copy=False)
-            if not np.isfinite(cast).all():
-                raise ValueError(f"the noisy release overflows {u.dtype}; the noise is too large")
-            out.append(cast)
+            out.append(layer)
         return out

@@ -3,7 +3,7 @@
 Everything before it (settings bounds, the instruction's checks, the mechanisms'
 own validation) may one day have a bug; this check is written to hold even then.
 Given the event the ledger charged and the arrays about to be sent, it verifies,
-independently of the mechanism's own code path, that
+without the mechanism's own noise or σ (what it does read is said below), that
 
 1. the charge is real: an event this accountant knows, with a cost (d-privacy) or
    noise multiplier (RDP) that is positive and finite, and it is the event of this
@@ -12,15 +12,33 @@ independently of the mechanism's own code path, that
 2. the release is well formed: the layers' count, shapes and dtypes of the model,
    every value finite;
 3. the noise is there, at the scale the charge paid for: the noise actually added
-   (release minus the noiseless output, in float64) is not smaller than the
-   charged scale allows, up to a lower-tail bound of its law that an honest
-   release falls below with probability at most :data:`REFUSAL_PROBABILITY`.
+   (the release in float64, before its cast to the model's dtypes, minus the
+   noiseless output) is not smaller than the charged scale allows, up to a
+   lower-tail bound of its law that an honest release falls below with
+   probability at most :data:`REFUSAL_PROBABILITY`; and the arrays sent are
+   exactly the cast of that float64 release. The cast is post-processing (it
+   keeps the guarantee) but may round noise below the dtype's resolution away:
+   float32 has a spacing of 0.0625 at 1e6, a device's largest parameter.
 
-The scale is derived from the event and public numbers alone (ν and the radius
-max(‖δ‖, least radius) for the neighbourhood calibration, n/ε for the fixed one,
-z·(Δ + D) for the Gaussian), never read back from the mechanism. For the
-stochastic sign the noise cannot be seen in a ±1 vector: the check is that every
-value is ±1 and that the mechanism's σ is at least z·Δ.
+What the check takes from the mechanism, and why that is sound. The scale is
+computed here, from the charged event and public numbers: ν·max(‖δ‖, r_min) for
+the neighbourhood calibration, n/ε for the fixed one, z·(Δ + D) for the Gaussian
+(Δ from :func:`~mechanisms.clipping.l2_sensitivity`, the clipped update
+recomputed with :mod:`mechanisms.clipping`); the mechanism's own σ and noise are
+never used. It does read public parameters from the mechanism: its event for
+this release (compared with the charged one), its least radius r_min
+(neighbourhood) and its clip C and clip mode (Gaussian, sign). None of them
+enters the charge: a neighbourhood release costs n/ν at any radius r (ε = n/(ν·r),
+ε·r = n/ν), and a Gaussian one is charged by z, which gives its (ε, δ) for any C
+as long as the noise is z·(Δ + D); so whatever values these attributes hold, a
+release that passes carries noise at the scale its charge stands for (an r_min of
+0 with ‖δ‖ = 0 leaves no scale and is refused). That the least radius is the
+device's own, and the clip the one the mechanism applied, is not checked here:
+the first is the device's policy, applied where the mechanism is built
+(:func:`client.release.build_mechanism`), the second is the shared clipping code.
+For the stochastic sign the noise cannot be seen in a ±1 vector: the check is that
+every value is ±1 and that the mechanism's σ (the one method it calls) is at
+least z·Δ.
 
 A failed check raises :class:`ReleaseRefused`; the caller sends nothing (the
 release was already charged: a refusal must not be a free signal).
@@ -93,6 +111,7 @@ def verify_release(
     updated: Sequence[np.ndarray],
     released: Sequence[np.ndarray],
     spread: float,
+    exact: Sequence[np.ndarray] | None = None,
     allow_unsanitized: bool = False,
 ) -> None:
     """Refuse a release that does not carry the noise ``event`` was charged for.
@@ -109,6 +128,12 @@ def verify_release(
         What is about to leave the device.
     spread : float
         The hypotheses' diameter the mechanism was given.
+    exact : sequence of numpy.ndarray, optional
+        The release in float64 before its cast to the model's dtypes
+        (:meth:`~mechanisms.base.Mechanism.sanitize_exact`). When given, ``released``
+        must be exactly its cast, and the noise is measured on it: a cast may round
+        noise below the dtype's resolution away (post-processing, which keeps the
+        guarantee), and must not make an honest release look unnoised.
     allow_unsanitized : bool
         The device explicitly allows the non-private baseline (``NonPrivateEvent``).
 
@@ -128,6 +153,8 @@ def verify_release(
     if expected != event:
         raise ReleaseRefused(f"the charged event {event!r} is not this release's {expected!r}")
     _check_shape(upd, out)
+    if exact is not None:
+        out = _check_cast(upd, out, exact)
     if isinstance(event, NonPrivateEvent):
         return
     if isinstance(event, NeighbourhoodEvent):
@@ -180,6 +207,24 @@ def _check_shape(upd: list[np.ndarray], out: list[np.ndarray]) -> None:
                 f"layer {i}: released {o.shape} {o.dtype}, the model is {u.shape} {u.dtype}")
         if not np.isfinite(o).all():
             raise ReleaseRefused(f"layer {i}: the release holds non-finite values")
+
+
+def _check_cast(
+    upd: list[np.ndarray], out: list[np.ndarray], exact: Sequence[np.ndarray]
+) -> list[np.ndarray]:
+    """Return the float64 release of which ``out`` must be exactly the cast; else refuse."""
+    noisy = [np.asarray(a) for a in exact]
+    if len(noisy) != len(out):
+        raise ReleaseRefused(f"the float64 release has {len(noisy)} layers, the model {len(out)}")
+    for i, (n, o) in enumerate(zip(noisy, out, strict=True)):
+        if n.dtype != np.float64 or n.shape != o.shape or not np.isfinite(n).all():
+            raise ReleaseRefused(f"layer {i}: the float64 release is not a finite float64 array "
+                                 "of the model's shape")
+        with np.errstate(over="ignore"):
+            cast = n.astype(upd[i].dtype)
+        if not np.array_equal(cast, o):
+            raise ReleaseRefused(f"layer {i}: the release is not the cast of its float64 release")
+    return noisy
 
 
 def _blocks(upd: list[np.ndarray], count: int) -> list[tuple[int, ...]]:

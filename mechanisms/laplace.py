@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from numpy.random import Generator
@@ -240,7 +240,7 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
         return MetricPrivacyEvent(tuple((self.epsilon, self.public_radius) for _ in groups))
 
     def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
-        """Return ``updated + ρ``, arrays with the shapes and dtypes of ``updated``.
+        """Return ``updated + ρ`` in float64, arrays with the shapes of ``updated``.
 
         ``spread`` (the hypotheses' diameter) is validated and ignored: the
         guarantee is on the released point itself (see the class notes).
@@ -253,9 +253,9 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
                 layer = noise[offset:offset + upd[i].size].reshape(upd[i].shape)
                 offset += upd[i].size
                 np.add(layer, upd[i], out=layer, casting="same_kind")
-                out[i] = _cast(layer, upd[i].dtype, i)
+                out[i] = layer
         # Empty layers (skipped in per-layer mode) have nothing to hide.
-        return [u.copy() if o is None else o for o, u in zip(out, upd, strict=True)]
+        return [u.astype(np.float64) if o is None else o for o, u in zip(out, upd, strict=True)]
 
     def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
         """Return ``sigma`` (per-coordinate noise std), ``budget-epsilon`` = ``budget-delta`` = 0.
@@ -305,15 +305,3 @@ def _distance(ref: list[np.ndarray], upd: list[np.ndarray], group: tuple[int, ..
     if not math.isfinite(radius):
         raise ValueError("the update norm ‖updated − reference‖ overflows float64")
     return radius
-
-
-def _cast(values: np.ndarray, dtype: np.dtype[Any], index: int) -> np.ndarray:
-    """Cast a float64 release back to the layer's dtype, refusing overflow to inf."""
-    with np.errstate(over="ignore"):
-        cast = values.astype(dtype, copy=False)
-    if not np.isfinite(cast).all():
-        raise ValueError(
-            f"layer {index}: the noisy release overflows {dtype}; the noise is too large "
-            "for this dtype"
-        )
-    return cast

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
 from numpy.random import Generator
 
 from mechanisms.base import Layers, Mechanism
@@ -29,7 +30,7 @@ class NoMechanism(Mechanism[NonPrivateEvent]):
 
     def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
         """Return copies of ``updated`` (``spread`` is validated and ignored)."""
-        return [u.copy() for u in upd]
+        return [u.astype(np.float64) for u in upd]
 
     def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
         """Return ``sigma`` = 0 and a zero budget."""

@@ -45,7 +45,7 @@ class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
         return SignReleaseEvent(self.noise_multiplier)
 
     def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
-        """Return ±1 arrays shaped and typed like ``updated`` (``spread`` is ignored)."""
+        """Return ±1 arrays shaped like ``updated`` (``spread`` is ignored)."""
         # scipy.special costs ~0.4 s to import; only this mechanism needs it.
         from scipy.special import ndtr
 
@@ -59,5 +59,5 @@ class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
             draw = uniform[offset:offset + u.size].reshape(u.shape)
             offset += u.size
             plus = draw < ndtr(d / sigma)
-            out.append(np.where(plus, 1.0, -1.0).astype(u.dtype))
+            out.append(np.where(plus, 1.0, -1.0))
         return out

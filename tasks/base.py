@@ -44,6 +44,10 @@ __all__ = [
 Params = list[np.ndarray]
 """One model: its layers as NumPy arrays (float32 on the wire)."""
 
+#: A count of training users no ``users`` / ``num-partitions`` can pass (generated users, or a
+#: count known only from the data).
+UNLIMITED_USERS = 2**62
+
 #: Codes that keep the random streams of different purposes apart in `user_seed`.
 SPLIT_CODES: Mapping[str, int] = {"train": 0, "validation": 1, "partition": 2, "rotation": 3}
 
@@ -213,6 +217,24 @@ class Task(ABC):
         One partition is one user. Raises `TaskSettingsError` (a ``ValueError``) naming
         ``users`` / ``num-partitions`` when the partition does not fit the task's settings.
         """
+
+    def check_partition(self, partition_id: int, num_partitions: int) -> None:
+        """Refuse a partition that the task's public settings do not fit; read no data.
+
+        A device whose task reads no file of its own calls this before its round is charged,
+        so that a run config whose ``users`` does not fit the device's partition is refused
+        up front instead of charged and then failed in `client_dataset`. The default checks
+        ``users`` against ``num-partitions``; a task that knows its count of training users
+        from public values alone overrides it to check that count too. Checks that need the
+        data stay in `client_dataset`.
+
+        Raises
+        ------
+        TaskSettingsError
+            Naming ``users`` / ``num-partitions`` / ``partition-id`` (public values only).
+        """
+        resolve_users(getattr(self, "users", 0), partition_id, num_partitions,
+                      available=UNLIMITED_USERS)
 
     @abstractmethod
     def validation_datasets(self) -> list[Dataset]:

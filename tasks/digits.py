@@ -236,6 +236,11 @@ class DigitsTask(TorchTask):
                 y = 1 - y
         return image_dataset(images[indices], y, rotated=rotated, user=f"{purpose}-{index}")
 
+    def check_partition(self, partition_id: int, num_partitions: int) -> None:
+        """Refuse a partition that ``users`` does not fit, or more users than images."""
+        resolve_users(self.users, partition_id, num_partitions,
+                      available=self.num_training_images)
+
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
         """Training slice ``partition_id`` of the 1438 training images, rotated or not."""
         users = resolve_users(

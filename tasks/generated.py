@@ -17,13 +17,10 @@ import numpy as np
 
 import settings
 from settings import SETTINGS
-from tasks.base import Dataset, Task, resolve_users, user_seed
+from tasks.base import UNLIMITED_USERS, Dataset, Task, resolve_users, user_seed
 from tasks.config import TaskSettingsError
 
 __all__ = ["GeneratedTask", "optima_array"]
-
-#: Generated users are unlimited: any ``users`` / ``num-partitions`` fits.
-UNLIMITED_USERS = 2**62
 
 
 def optima_array(optima: str | Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ from scipy import stats
 
 from client.numpy_client import TASK_DATA_DECLINED
 from mechanisms import NeighbourhoodEvent, PrivacyLedger
+from mechanisms.invariant import lower_tail_factor
 from tests.test_adversarial_server import (
     HONEST,
     CuriousServer,
@@ -52,6 +53,82 @@ def test_an_enormous_noise_multiplier_is_declined_and_nothing_leaves(
     assert released == [] and metrics["declined"] == 1 and metrics["declined-by"] == "policy"
     assert "noise-multiplier" in metrics["decline-reason"]
     assert not ledger(tmp_path).path.exists()
+
+
+@pytest.mark.parametrize("nu", [1e308, 1e162, 1.7976931348623157e308])
+def test_the_overflow_attack_per_layer_is_declined_and_nothing_leaves(
+    tmp_path: Path, nu: float
+) -> None:
+    # Prepare: the same attack in per-layer mode (each layer's nu * ||delta_l|| overflows); the
+    # client before the bounds released the trained model bit for bit here too, charged 2e-308.
+    server = CuriousServer(device(tmp_path, **{"noise-multiplier": 5.0, "cap-d-privacy": 1.0}))
+
+    # Execute
+    released, metrics = server.fit(
+        {"noise-multiplier": nu, "learning-rate": 10.0, "per-layer": True}, HONEST)
+
+    # Assert: declined before anything was computed, naming the setting; nothing charged.
+    assert released == [] and metrics["declined"] == 1 and metrics["declined-by"] == "policy"
+    assert "noise-multiplier" in metrics["decline-reason"]
+    assert not ledger(tmp_path).path.exists()
+
+
+def test_hypotheses_at_the_devices_max_parameter_never_fail_after_the_charge(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a float32 hypothesis at the device's max-parameter (1e6, where float32's spacing
+    # is 0.0625) and a vanishing step, so the noise is nu * least-radius = 0.05: the cast to
+    # float32 rounds it away in about 4 releases of 10. The release invariant measured the
+    # noise after the cast and refused those releases, charged: 40 % of the rounds failed
+    # after the charge.
+    server = CuriousServer(device(tmp_path, **{"cap-d-privacy": 1e6}))
+    far = [np.array([1e6, -1e6], np.float32)]
+
+    # Execute: 40 rounds (with a 40 % failure rate, all 40 succeed with probability 1e-9).
+    for r in range(40):
+        released, metrics = server.fit({"learning-rate": 1e-30, "num-hypotheses": 1}, far,
+                                       server_round=r + 1)
+        assert len(released) == 1 and np.isfinite(released[0]).all()
+
+    # Assert: every round released and was charged once.
+    assert metrics["releases"] == 40 and ledger(tmp_path).spent().releases == 40
+
+
+def test_a_vanishing_clip_is_declined_before_the_charge(tmp_path: Path) -> None:
+    # Prepare: a clip of 1e-40 makes sigma = z * 2C about 1e-39, which vanishes when added to
+    # the hypothesis in float64: the release was refused after the charge, every round.
+    server = CuriousServer(device(tmp_path))
+
+    # Execute
+    released, metrics = server.fit({"mechanism": "gaussian", "clip": 1e-40,
+                                     "num-hypotheses": 1}, [HONEST[0]])
+
+    # Assert
+    assert released == [] and metrics["declined-by"] == "policy"
+    assert "clip=1e-40" in metrics["decline-reason"]
+    assert not ledger(tmp_path).path.exists()
+
+
+def test_task_settings_that_do_not_fit_the_partition_are_refused_before_the_charge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: users = 3 on a device that is partition 0 of 2: the task's data call refuses it,
+    # which it did after the charge (a round charged for nothing, and failed).
+    from tasks.synthetic import SyntheticTask
+
+    reads: list[int] = []
+    original = SyntheticTask.client_dataset
+    monkeypatch.setattr(SyntheticTask, "client_dataset",
+                        lambda self, *a: reads.append(1) or original(self, *a))
+    server = CuriousServer(device(tmp_path))
+
+    # Execute
+    with pytest.raises(ServerSeesError) as caught:
+        server.fit({"users": 3}, HONEST)
+
+    # Assert: the public reason, no data read, nothing charged.
+    assert "users=3 does not match num-partitions=2" in str(caught.value)
+    assert reads == [] and not ledger(tmp_path).path.exists()
 
 
 def test_whether_a_round_is_charged_does_not_depend_on_the_data(tmp_path: Path) -> None:
@@ -115,6 +192,49 @@ def test_more_hypotheses_than_the_device_allows_are_declined(
     assert f"num-hypotheses={k}" in metrics["decline-reason"]
     assert "max-hypotheses" in metrics["decline-reason"]
     assert not ledger(tmp_path).path.exists()
+
+
+def test_the_zoom_attack_at_the_most_hypotheses_a_device_serves_is_bounded(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the zoom attack within the device's bound: k = max-hypotheses = 8 hypotheses on
+    # a 1e-3 grid around the device's local optimum, and a vanishing step (delta = 0): the
+    # release is the hypothesis the device picked (the argmin of its loss over the grid) plus
+    # noise. The device's least radius keeps that noise at the Euclidean Laplace of
+    # epsilon = n / (nu * least-radius) = 2 / (5 * 0.01) = 40, E||noise|| = n / epsilon = 0.05,
+    # 50 times the grid's spacing; each release is charged n / nu = 0.4 as any other.
+    from client.policy import DevicePolicy
+    from tests.test_adversarial_server import RUN, device_task
+
+    nu, least, draws, k = 5.0, 0.01, 150, 8
+    node = device(tmp_path, **{"cap-d-privacy": 1e6})
+    server = CuriousServer(node)
+    grid = [np.array([4.522 + 1e-3 * (i - 3.5), 6.345], np.float32) for i in range(k)]
+    task = device_task(RUN, DevicePolicy.load(node, environ={}))
+    data = task.client_dataset(0, 2)
+    picked = grid[int(np.argmin([task.loss([g], data) for g in grid]))]
+
+    # Execute
+    noise = []
+    for i in range(draws):
+        released, metrics = server.fit({"learning-rate": 1e-30, "noise-multiplier": nu}, grid,
+                                       server_round=i + 1)
+        noise.append(float(np.linalg.norm(released[0].astype(np.float64) - picked)))
+    more, declined = server.fit({"learning-rate": 1e-30}, [*grid, grid[0] + 1e-3],
+                                server_round=draws + 1)
+
+    # Assert: every release's noise is above the invariant's bound at the least radius (an
+    # honest release falls below it with probability <= 1e-9), and the noise norms follow
+    # Gamma(n = 2, scale nu * least / 2), mean 0.05 (KS over 150 draws at alpha = 1e-3: a
+    # false alarm once in a thousand runs); each release was charged n / nu.
+    assert min(noise) >= lower_tail_factor(2) * nu * least
+    assert stats.kstest(noise, stats.gamma(2, scale=nu * least / 2).cdf).pvalue > 1e-3
+    assert metrics["releases"] == draws
+    assert metrics["spend-d"] == pytest.approx(draws * N_OVER_NU)
+    # ... and one hypothesis more than the device serves is declined, nothing charged.
+    assert more == [] and declined["declined-by"] == "policy"
+    assert "max-hypotheses=8" in declined["decline-reason"]
+    assert ledger(tmp_path).spent().releases == draws
 
 
 # -- 3. data in error text -------------------------------------------------------------------------

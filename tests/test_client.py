@@ -174,7 +174,7 @@ def test_any_failure_after_the_charge_sends_the_fixed_message(
     def leak(*args: Any, **kwargs: Any) -> None:
         raise ValueError("private value 3.14159 of the local data")
 
-    monkeypatch.setattr("mechanisms.laplace.EuclideanLaplace.sanitize", leak)
+    monkeypatch.setattr("mechanisms.laplace.EuclideanLaplace.sanitize_exact", leak)
     with pytest.raises(ReleaseFailedError) as caught:
         fit(client)
 

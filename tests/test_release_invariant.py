@@ -22,6 +22,7 @@ from mechanisms import (
     NoMechanism,
     NonPrivateEvent,
     StochasticSign,
+    cast_release,
 )
 from mechanisms.invariant import ReleaseRefused, lower_tail_factor, verify_release
 
@@ -89,6 +90,54 @@ def test_a_release_without_noise_is_refused(name: str) -> None:
     with pytest.raises(ReleaseRefused, match="below what its charge pays for"):
         verify_release(mechanism, event, reference=REFERENCE, updated=UPDATED, released=raw,
                        spread=1.0)
+
+
+@pytest.mark.parametrize("name", ["laplace", "laplace-per-layer", "gaussian"])
+def test_noise_the_cast_rounds_away_is_checked_on_the_float64_release(name: str) -> None:
+    # Prepare: a float32 model at 1e6 (a device's max-parameter), where float32's spacing is
+    # 0.0625 and the least-radius noise nu * 0.01 = 0.05: the cast to float32 often rounds the
+    # noise away (post-processing of the float64 release, which keeps its guarantee).
+    mechanism = MECHANISMS[name]
+    if name == "gaussian":  # sigma = z * 2C of about 0.05 (C = 0.002, z = 12.8)
+        mechanism = GaussianMechanism(clip=0.002, epsilon=1.0, delta=1e-5, planned_releases=10)
+    reference = model([1e6, -1e6], [1e6])
+    event = mechanism.event(reference, reference)
+    rng = np.random.default_rng(RNG_SEED)
+    rounded = 0
+
+    # Execute: 500 honest releases, checked on the float64 release they are the cast of.
+    for _ in range(500):
+        exact = mechanism.sanitize_exact(reference, reference, rng=rng)
+        released = cast_release(exact, reference)
+        verify_release(mechanism, event, reference=reference, updated=reference,
+                       released=released, exact=exact, spread=0.0)
+        if all(np.array_equal(r, u) for r, u in zip(released, reference, strict=True)):
+            rounded += 1
+            # Measured on the float32 arrays alone, such a release looks unnoised.
+            with pytest.raises(ReleaseRefused):
+                verify_release(mechanism, event, reference=reference, updated=reference,
+                               released=released, spread=0.0)
+
+    # Assert: none refused, although the cast erased the noise of some (with this seed 212,
+    # 97 and 59 of 500; the client refused each of them, charged, before the check looked at
+    # the float64 release).
+    assert rounded > 10
+
+
+def test_a_release_that_is_not_the_cast_of_its_float64_release_is_refused() -> None:
+    mechanism = MECHANISMS["laplace"]
+    event = mechanism.event(REFERENCE, UPDATED)
+    exact = mechanism.sanitize_exact(REFERENCE, UPDATED, rng=np.random.default_rng(RNG_SEED))
+
+    # The noisy float64 release shown to the check, the raw model sent.
+    with pytest.raises(ReleaseRefused, match="not the cast of its float64 release"):
+        verify_release(mechanism, event, reference=REFERENCE, updated=UPDATED,
+                       released=[u.copy() for u in UPDATED], exact=exact, spread=0.0)
+    # A float64 release of another shape or dtype.
+    with pytest.raises(ReleaseRefused, match="not a finite float64 array"):
+        verify_release(mechanism, event, reference=REFERENCE, updated=UPDATED,
+                       released=cast_release(exact, UPDATED),
+                       exact=[a.astype(np.float32) for a in exact], spread=0.0)
 
 
 def _norm(a: list[np.ndarray], b: list[np.ndarray]) -> float:

@@ -87,6 +87,11 @@ def test_settings_errors_name_the_key() -> None:
         task.client_dataset(0, 9)
     with pytest.raises(ValueError, match="exceeds"):
         DigitsTask().client_dataset(0, 2000)
+    # ... and from the public settings alone (the count of training images is public).
+    with pytest.raises(TaskSettingsError, match=r"users=10.*num-partitions=9"):
+        task.check_partition(0, 9)
+    with pytest.raises(TaskSettingsError, match="exceeds"):
+        DigitsTask().check_partition(0, 2000)
     with pytest.raises(ValueError, match="device='tpu'"):
         tasks.load_task({"task": "digits", "device": "tpu"})
 

@@ -105,6 +105,12 @@ def test_users_setting_must_match_partitions() -> None:
         task.client_dataset(0, 50)
     with pytest.raises(ValueError, match="partition-id"):
         _task().client_dataset(10, 10)
+    # The same checks from the public settings alone, before any data is generated.
+    task.check_partition(99, 100)
+    with pytest.raises(TaskSettingsError, match=r"users=100.*num-partitions=50"):
+        task.check_partition(0, 50)
+    with pytest.raises(TaskSettingsError, match="partition-id"):
+        _task().check_partition(10, 10)
 
 
 def test_parameters_shape_and_dtype() -> None:
