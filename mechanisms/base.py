@@ -87,14 +87,8 @@ class Mechanism(ABC, Generic[EventT]):
         return cast_release(self.sanitize_exact(reference, updated, rng=rng, spread=spread),
                             updated)
 
-    def sanitize_exact(
-        self,
-        reference: Sequence[np.ndarray],
-        updated: Sequence[np.ndarray],
-        *,
-        rng: np.random.Generator,
-        spread: float = 0.0,
-    ) -> list[np.ndarray]:
+    def sanitize_exact(self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray], *,
+                       rng: np.random.Generator, spread: float = 0.0) -> list[np.ndarray]:
         """Return the release in float64, before :meth:`sanitize` casts it to the model's dtypes.
 
         The noise is drawn and added in float64; casting the sum to a narrower dtype
