@@ -121,7 +121,7 @@ def _check_device(text: str) -> None:
 # ------------------------------------------------------------------------------ declarations
 MECHANISMS = ("laplace", "gaussian", "sign", "none", "dpsgd")
 #: Record-level clipping strategies (mechanisms.record_clipping.CLIPPING_STRATEGIES implements
-#: these; tests/test_record_settings.py ties the two).
+#: these; tests/test_record_clipping.py::test_the_settings_and_the_mechanisms_name_the_same_choices)
 RECORD_CLIPPING = ("fixed", "quantile", "oso")
 #: The neighbouring relations a record-level guarantee is stated under.
 RECORD_RELATIONS = ("add-remove", "replace-one")
