@@ -239,7 +239,7 @@ class GpflClient(NumPyClient):
                                      "policy", None)
         federation = federation_key(config, self.run_id)
         base: dict[str, Any] = {"mechanism": s.privacy.mechanism, "client-name": s.name,
-                                **plan.metrics}
+                                "relation": plan.event.relation, **plan.metrics}
         try:
             # Opening the ledger reads and validates it: a corrupt or vanished ledger stops
             # the client here, before it trains or releases anything.

@@ -12,7 +12,9 @@ classes; the tabular task's logistic model, 62 parameters), each split once (dat
 60 % training, 20 % validation, 20 % test. **Central**: one device holds the whole training
 split and takes T steps. **Federated**: 4 silos hold a quarter each; each round every silo takes
 T/R steps of DP-SGD (``tasks.dpsgd``, the device's own trainer) from the global model, which
-becomes their mean; every silo's record-level guarantee is the central one. Selection: a grid's
+becomes their mean; every silo's record-level guarantee is the central one. As on a gpfl device
+(``client.record_release``), every silo's release starts from the configured C_0 and ρ_0: the
+adaptive strategies adapt within a release of T/R steps, never across rounds. Selection: a grid's
 best run by validation accuracy; the row reports its test accuracy. The seed changes the model's
 initialisation, the batches and the noise.
 
@@ -21,11 +23,19 @@ spaced); γ ∈ [0.1, 0.9] (g values) with η_C = 0.2 and C_0 = 1 (Andrew et al.
 ρ_0 = 10^-0.5 (the middle of the range), ρ_c = ρ_r = 2.5e-3 (the thesis's) and, as ``oso-fast``,
 0.05 (with 10× fewer steps than the thesis's runs, 2.5e-3 moves C by at most e^{0.25}).
 
-Sizes: T = 100 steps at q = 0.05 (5 epochs of the training split). The full profile runs both
-of the thesis's grid sizes, g = 5 and g = 7, at ε ∈ {3, 5, 7, 9}, both tasks, both settings, 5
-seeds: 2 × 2 × 4 × 5 × (2·25 + 2·49 + 2) = 12 000 runs of 100 steps of a linear model (about
-0.03 s each central on 2 cores; the whole profile takes minutes). The quick profile keeps g = 5
-and ε ∈ {3, 9}.
+Sizes: T = 100 steps at q = 0.05 (5 epochs of the training split; federated, R = 5 rounds of
+20 steps). The full profile runs both of the thesis's grid sizes, g = 5 and g = 7, at
+ε ∈ {3, 5, 7, 9}, both tasks, both settings, 5 seeds: 2 × 2 × 4 × 5 × (2·25 + 2·49 + 2) =
+12 000 runs of 100 steps of a linear model (federated: 100 steps on each of the 4 silos). On 2
+cores that is about 25 minutes of compute alone and over an hour of wall-clock time when other
+jobs share the cores (``meta.json``'s ``runtime_s`` is the wall-clock time of the run that wrote
+it). The quick profile keeps g = 5 and ε ∈ {3, 9}.
+Why these sizes still answer the question: what a grid pays is fixed by the accountant (g²·T
+composed steps, hence its larger ν) whatever the model, and the comparison is what each
+strategy reaches at its noise; linear models (convex: the outcome depends on C, ρ and the noise
+rather than on the initialisation) make 12 000 runs affordable with 5 seeds for paired
+intervals. Not tested: the thesis's CNNs and 10 epochs, where C has longer to adapt
+(``oso-fast`` stands in for that).
 """
 
 from __future__ import annotations
@@ -131,7 +141,13 @@ def accuracy(task: Any, params: list[np.ndarray], data: Any) -> float:
 def one_run(task: Any, data: dict[str, Any], setting: str, strategy: str, nu: float,
             clip: float, lr: float, quantile: float, seed: int, p: dict[str, Any],
             ) -> tuple[list[np.ndarray], float, float]:
-    """Train one configuration; return the model and its final C and step."""
+    """Train one configuration; return the model and its final C and step.
+
+    Federated, every silo's release of every round starts from ``clip`` and ``lr``, as a
+    gpfl device's does: the adaptive strategies adapt within a release (T/R steps), never
+    across rounds. The C and step returned are the mean over the last round's silos of where
+    their releases ended.
+    """
     from mechanisms.record_clipping import split_noise
     from tasks.dpsgd import RecordTraining, train_record_level
 
@@ -142,20 +158,21 @@ def one_run(task: Any, data: dict[str, Any], setting: str, strategy: str, nu: fl
     silos = [data["train"]] if setting == "central" else data["silos"]
     rounds = 1 if setting == "central" else p["rounds"]
     steps = p["steps"] // rounds
+    ends: list[tuple[float, float]] = []
     for _ in range(rounds):
-        models = []
+        models, ends = [], []
         for silo in silos:
+            # As a gpfl device does (client.record_release): every release starts from the
+            # configured C_0 and ρ_0; nothing of a previous release's schedule is kept.
             training = RecordTraining(
                 base, split_noise(base, nu), sampling_rate=p["rate"], steps=steps,
                 expected_batch=max(1, round(p["rate"] * len(silo))), clip=clip,
                 learning_rate=lr, target_quantile=quantile, clip_rate=rate, lr_rate=rate)
             model, trace = train_record_level(task, params, silo, training, rng)
             models.append(model)
+            ends.append((trace.clips[-1], trace.learning_rates[-1]))
         params = [np.mean([m[i] for m in models], axis=0) for i in range(len(params))]
-        if base != "fixed":
-            # The next round starts from where the (post-processed) schedule ended.
-            clip, lr = trace.clips[-1], trace.learning_rates[-1]
-    return params, clip, lr
+    return params, float(np.mean([c for c, _ in ends])), float(np.mean([r for _, r in ends]))
 
 
 def grid(ctx: Context) -> list[Cell]:
@@ -228,9 +245,11 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
         "grid's runs composed. Every strategy gets the same record-level (ε, δ = 1e-5, "
         "add/remove); a grid's runs are composed by dp-accounting's RDP accountant, so each of "
         f"them gets more noise ({budgets}). No federation runs here: each configuration calls "
-        "the device's own DP-SGD trainer (`tasks/dpsgd.py`) in-process; *federated* is 4 silos "
-        "averaged each round. Settings, grids and sizes: `experiments/record_clipping.py`'s "
-        "docstring. `oso` uses the thesis's ρ_c = ρ_r = 2.5e-3, `oso-fast` 0.05.", "",
+        "the device's own DP-SGD trainer (`tasks/dpsgd.py`) in-process; *federated* is "
+        f"{SILOS} silos averaged each round, and every silo's release starts from the "
+        "configured C and ρ, as a gpfl device's does (the adaptive strategies adapt within a "
+        "round's steps, never across rounds). `oso` uses the thesis's ρ_c = ρ_r = 2.5e-3, "
+        "`oso-fast` 0.05." + _sizes(rows), "",
         f"Test accuracy of the chosen model ({CI_NAME}, seeds); the grids' runs composed "
              "to the same record-level (ε, δ = 1e-5, add/remove) as the single OSO run.", "",
              "| task | setting | ε | " + " | ".join(present) + " |",
@@ -249,6 +268,7 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
               "| --- | --- | --- | " + " | ".join("---" for _ in pairs) + " |"]
     tally: dict[str, dict[str, int]] = {o: {"better": 0, "comparable": 0, "worse": 0}
                                         for o in OSO}
+    losses: dict[str, list[tuple[float, str, str, float, str]]] = {o: [] for o in OSO}
     for task, setting, eps in keys:
         cells = []
         for o, g in pairs:
@@ -259,6 +279,8 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
                 continue
             word = "better" if m - h > 0 else "worse" if m + h < 0 else "comparable"
             tally[o][word] += 1
+            if word == "worse":
+                losses[o].append((m, task, setting, eps, g))
             text = f"{m:+.3f} [{m - h:+.3f}, {m + h:+.3f}]"
             cells.append(f"**{text}**" if word == "better" else
                          f"*{text}*" if word == "worse" else text)
@@ -268,10 +290,46 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
         total = sum(counts.values())
         holds = ("holds in every comparison" if counts["worse"] == 0 else
                  f"does not hold in {counts['worse']} of {total} comparisons (in italics)")
-        lines.append(f"- {o}: better in {counts['better']}, comparable in "
-                     f"{counts['comparable']}, worse in {counts['worse']} of the comparisons: "
-                     f"the thesis's claim {holds}.")
+        line = (f"- {o}: better in {counts['better']}, comparable in {counts['comparable']}, "
+                f"worse in {counts['worse']} of the comparisons: the thesis's claim {holds}")
+        if losses[o]:
+            m, task, setting, eps, g = min(losses[o])
+            line += (f"; its largest loss is {m:+.3f} ({task}, {setting}, ε = {eps:g}, "
+                     f"against {g})")
+        lines.append(line + ".")
     return lines
+
+
+def _profile_of(rows: list[dict[str, str]]) -> str | None:
+    """Return the profile whose ε values and grid sizes the rows have, if one has them."""
+    epsilons = {float(r["epsilon"]) for r in rows}
+    sizes = {grid_size(r["strategy"]) for r in rows} - {1}
+    for name, p in PROFILES.items():
+        if set(p["epsilons"]) == epsilons and set(p["grids"]) == sizes:
+            return name
+    return None
+
+
+def _sizes(rows: list[dict[str, str]]) -> str:
+    """Return the sentences that state the sizes of the rows' profile and why they suffice."""
+    name = _profile_of(rows)
+    if name is None:
+        return ""
+    p = PROFILES[name]
+    seeds = len({r["seed"] for r in rows})
+    grids = " and ".join(f"{g}×{g} = {g * g}" for g in p["grids"])
+    return (
+        f" Sizes: logistic-regression models trained for T = {p['steps']} DP-SGD steps at "
+        f"q = {p['rate']:g} ({p['steps'] * p['rate']:g} epochs; federated, {p['rounds']} "
+        f"rounds of {p['steps'] // p['rounds']} steps), grids of {grids} runs, {seeds} seeds. "
+        "They still answer the question: what a grid pays for its search is fixed by the "
+        "accountant (g²·T composed steps, hence its larger ν) whatever the model, and the "
+        "comparison is what each strategy reaches at its noise; a convex model makes the "
+        "outcome depend on C, ρ and the noise rather than on the initialisation, and every run "
+        "cheap enough for paired intervals over seeds. Not covered: the thesis's CNNs trained "
+        "for 10 epochs, where C has longer to adapt (`oso-fast`, 20 times faster, stands in "
+        "for that). Settings and grids: "
+        "`experiments/record_clipping.py`'s docstring.")
 
 
 def describe(row: dict[str, Any], result: dict[str, Any]) -> str:

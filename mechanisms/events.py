@@ -12,10 +12,14 @@ dp-accounting's RDP accountant composes), ``"record"`` (the record-level (ε, δ
 DP-SGD on the device, composed by the same accountant in its own unit) or ``"none"``
 (no guarantee at all). Costs of different families are never added to one another.
 
-Every event names its promise and neighbouring relation (:attr:`PrivacyEvent.relation`):
-the device-level events protect the device's whole local data set replaced by any other
-(the sensitivity of a clipped update covers any two data sets); a record-level event
-protects one record, added/removed or replaced, as the device chose.
+Every event names its promise and neighbouring relation (:attr:`PrivacyEvent.relation`, in its
+JSON form as ``relation``): the device-level events (``metric``, ``neighbourhood``,
+``gaussian``, ``sign``) protect the device's whole local data set replaced by any other,
+``device-replace`` (the sensitivity of a clipped update covers any two data sets; d-privacy
+states it at the distance between the two data sets' models); a record-level event protects
+one record, ``add-remove`` or ``replace-one``, as the device chose; a release without noise has
+no guarantee (``none``). An entry written before device-level events named their relation
+reads as that implied one.
 
 ====================  =================  =========  ==========================================
 class                 ``kind``           family     fields
@@ -51,6 +55,18 @@ RECORD_RELATIONS: tuple[str, ...] = ("add-remove", "replace-one")
 #: The relation of every device-level event: the device's whole data set, replaced.
 DEVICE_RELATION = "device-replace"
 
+#: The "relation" of a release without noise: it has no guarantee.
+NO_RELATION = "none"
+
+#: Every relation an event can name, and what it protects (for people: ``gpfl ledger``).
+RELATIONS: dict[str, str] = {
+    DEVICE_RELATION: "device level: the device's whole local data set replaced by any other "
+                     "(d-privacy: at the distance between the two data sets' models)",
+    "add-remove": "record level: one record of the device added or removed",
+    "replace-one": "record level: one record of the device replaced by any other",
+    NO_RELATION: "no guarantee: released without noise",
+}
+
 
 @dataclass(frozen=True)
 class PrivacyEvent:
@@ -58,18 +74,20 @@ class PrivacyEvent:
 
     kind: ClassVar[str] = ""
     family: ClassVar[str] = ""
+    #: The relation every event of the kind is under (None: each event names its own).
+    implied_relation: ClassVar[str | None] = DEVICE_RELATION
 
     @property
     def relation(self) -> str:
         """The neighbouring relation the cost is stated under (device level: the whole data set)."""
-        return DEVICE_RELATION
+        return self.implied_relation or DEVICE_RELATION
 
     def validate(self) -> None:
         """Raise ``ValueError`` or ``TypeError`` if a field is out of range."""
 
     def to_dict(self) -> dict[str, Any]:
-        """Return a JSON-ready dict with a ``kind`` key."""
-        return {"kind": self.kind}
+        """Return a JSON-ready dict with a ``kind`` key (and, last, the ``relation``)."""
+        return {"kind": self.kind, "relation": self.relation}
 
 
 @dataclass(frozen=True)
@@ -124,8 +142,9 @@ class MetricPrivacyEvent(PrivacyEvent):
         return math.fsum(epsilon * radius for epsilon, radius in self.layers)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"kind": "metric", "layers": [[epsilon, radius], ...]}``."""
-        return {"kind": self.kind, "layers": [[e, r] for e, r in self.layers]}
+        """Return ``{"kind": "metric", "layers": [[epsilon, radius], ...], "relation": ...}``."""
+        return {"kind": self.kind, "layers": [[e, r] for e, r in self.layers],
+                "relation": self.relation}
 
 
 @dataclass(frozen=True)
@@ -181,11 +200,15 @@ class NeighbourhoodEvent(PrivacyEvent):
         return math.fsum(n / nu for n in self.dimensions)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"kind": "neighbourhood", "dimensions": [n, ...], "noise_multiplier": ν}``."""
+        """Return ``{"kind": "neighbourhood", "dimensions": [n, ...], "noise_multiplier": ν}``.
+
+        With, last, its ``relation``.
+        """
         return {
             "kind": self.kind,
             "dimensions": list(self.dimensions),
             "noise_multiplier": self.noise_multiplier,
+            "relation": self.relation,
         }
 
 
@@ -209,8 +232,9 @@ class GaussianReleaseEvent(PrivacyEvent):
         check_positive_finite("noise_multiplier", self.noise_multiplier)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return ``{"kind": ..., "noise_multiplier": z}``."""
-        return {"kind": self.kind, "noise_multiplier": self.noise_multiplier}
+        """Return ``{"kind": ..., "noise_multiplier": z, "relation": "device-replace"}``."""
+        return {"kind": self.kind, "noise_multiplier": self.noise_multiplier,
+                "relation": self.relation}
 
 
 @dataclass(frozen=True)
@@ -227,6 +251,8 @@ class NonPrivateEvent(PrivacyEvent):
 
     kind: ClassVar[str] = "none"
     family: ClassVar[str] = "none"
+    #: A release without noise protects nothing.
+    implied_relation: ClassVar[str | None] = NO_RELATION
 
 
 @dataclass(frozen=True)
@@ -257,6 +283,7 @@ class RecordLevelEvent(PrivacyEvent):
 
     kind: ClassVar[str] = "dpsgd"
     family: ClassVar[str] = "record"
+    implied_relation: ClassVar[str | None] = None
     sampling_rate: float
     noise_multiplier: float
     steps: int
@@ -332,6 +359,14 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
     if kind not in _KINDS:
         raise ValueError(f"unknown privacy event kind {kind!r}; known kinds: {sorted(_KINDS)}")
     fields = {k: v for k, v in d.items() if k != "kind"}
+    if kind != "dpsgd" and "relation" in fields:
+        # Device-level kinds have one relation, implied by the kind: an entry written before
+        # they named it has none; one that names another is not this code's.
+        relation = fields.pop("relation")
+        implied = _KINDS[kind].implied_relation
+        if relation != implied:
+            raise ValueError(f"a {kind!r} event is under the relation {implied!r}, "
+                             f"got relation={relation!r}")
     expected = {
         "metric": {"layers"},
         "neighbourhood": {"dimensions", "noise_multiplier"},

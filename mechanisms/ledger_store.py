@@ -10,11 +10,18 @@ The ledger lives on the client's own disk (never sent anywhere) as one JSON file
       "declines": 2,                   # rounds declined because of the cap
       "events": [
         {"time": "2025-01-01T12:00:00+00:00", "round": 3,
-         "event": {"kind": "neighbourhood", "dimensions": [7850], "noise_multiplier": 5.0}},
-        {"time": "...", "round": 4, "event": {"kind": "metric", "layers": [[0.8, 0.5]]}},
-        {"time": "...", "round": null, "event": {"kind": "gaussian", "noise_multiplier": 25.6}}
+         "event": {"kind": "neighbourhood", "dimensions": [7850], "noise_multiplier": 5.0,
+                   "relation": "device-replace"}},
+        {"time": "...", "round": 4,
+         "event": {"kind": "metric", "layers": [[0.8, 0.5]], "relation": "device-replace"}},
+        {"time": "...", "round": null,
+         "event": {"kind": "gaussian", "noise_multiplier": 25.6, "relation": "device-replace"}}
       ]
     }
+
+Each event names the neighbouring relation its cost is stated under (``relation``, see
+:mod:`mechanisms.events`); an event written before device-level events named theirs reads as
+its kind's implied relation, and is written with it the next time the file is written.
 
 Every change happens under an exclusive ``fcntl.flock`` on the sidecar file
 ``<ledger>.lock``; the file is re-read under the lock, the change checked, then
@@ -60,8 +67,9 @@ from mechanisms.events import event_from_dict
 from mechanisms.ledger_errors import LedgerCorruptError, LedgerMissingError, LedgerRollbackError
 
 FORMAT = "gpfl-privacy-ledger"
-# Version 1 files without "generation" or "neighbourhood" events are still version 1:
-# both are additive, and a reader that does not know the new kind refuses the file.
+# Version 1 files without "generation", "neighbourhood" events or events' "relation" are still
+# version 1: each is additive, and a reader that does not know the new kind or field refuses
+# the file (it never misreads it).
 VERSION = 1
 
 # The generation record in the lock file: fixed width, so that every write is one

@@ -8,10 +8,12 @@ so the totals printed are the ones the device enforces.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 from mechanisms.accountant import LedgerEntry, compose
 from mechanisms.events import (
+    RELATIONS,
     GaussianReleaseEvent,
     MetricPrivacyEvent,
     NeighbourhoodEvent,
@@ -27,7 +29,10 @@ _DEFAULT_DELTA = 1e-5
 
 
 def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -> str:
-    """Render a ledger file for people: one line per release, then the totals.
+    """Render a ledger file for people: one line per release, then the totals and relations.
+
+    Every release names the neighbouring relation its cost is stated under; after the totals,
+    one line per relation present says what it protects.
 
     Parameters
     ----------
@@ -53,7 +58,7 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
     if delta is None:
         delta = state.delta if state.delta is not None else _DEFAULT_DELTA
     spend = compose(state.entries, declines=state.declines, delta=delta)  # checks delta
-    rows = [("#", "time (UTC)", "round", "kind", "parameters", "d-cost")]
+    rows = [("#", "time (UTC)", "round", "kind", "relation", "parameters", "d-cost")]
     rows += [_row(i, entry) for i, entry in enumerate(state.entries, start=1)]
     widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
     lines = [f"privacy ledger {path}"]
@@ -71,14 +76,18 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
     nonprivate = sum(isinstance(e.event, NonPrivateEvent) for e in state.entries)
     if nonprivate:
         lines.append(f"releases without noise (no guarantee): {nonprivate}")
+    relations = Counter(e.event.relation for e in state.entries)
+    for relation, count in relations.items():
+        lines.append(f"relation {relation} ({count} of the releases): "
+                     f"{RELATIONS.get(relation, '?')}")
     return "\n".join(lines)
 
 
-def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str]:
-    """Return one release's cells: number, time, round, kind, parameters, d-privacy cost.
+def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str, str]:
+    """Return one release's cells: number, time, round, kind, relation, parameters, d-cost.
 
-    A record-level entry names its neighbouring relation first; every other entry is
-    device-level (the whole data set replaced).
+    The relation is the neighbouring relation the release's cost is stated under
+    (``device-replace`` for every device-level release, the device's choice for ``dpsgd``).
     """
     event = entry.event
     if isinstance(event, MetricPrivacyEvent):
@@ -94,7 +103,7 @@ def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str]:
             params = f"{len(event.dimensions)} layers, ν={event.noise_multiplier:.6g}"
         cost = f"{event.cost:.6g}"
     elif isinstance(event, RecordLevelEvent):
-        params = (f"{event.relation}, q={event.sampling_rate:.6g}, ν={event.noise_multiplier:.6g}, "
+        params = (f"q={event.sampling_rate:.6g}, ν={event.noise_multiplier:.6g}, "
                   f"T={event.steps}, choice ν={event.selection_noise_multiplier:.6g}")
         cost = "-"
     elif isinstance(event, GaussianReleaseEvent):
@@ -102,4 +111,4 @@ def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str]:
     else:
         params, cost = "no noise", "-"
     round_text = "-" if entry.round is None else str(entry.round)
-    return (str(i), entry.time, round_text, event.kind, params, cost)
+    return (str(i), entry.time, round_text, event.kind, event.relation, params, cost)

@@ -51,7 +51,8 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
     Records are merged by ``client-name``: a device restarted under a new node id (which takes
     its name over: :class:`strategies.replies.NameBook`) keeps one entry, its counts summed and its
     spend the largest it ever reported (a ledger only grows, so a lower report never lowers
-    it). A node never heard from is listed as ``node <id>`` with no spend.
+    it). A node never heard from is listed as ``node <id>`` with no spend. ``relation``: the
+    neighbouring relation the spend is under, as the device's last release said.
     """
     per_client: dict[str, Any] = {}
     for cid, record in clients.items():
@@ -72,6 +73,7 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             # The device's last decline, as its reply said it (public values only).
             "declined_by": str(metrics.get("declined-by", "")),
             "decline_reason": str(metrics.get("decline-reason", "")),
+            "relation": metrics.get("relation"),
             # Σ over its accepted releases of distance / the round's median (~1 a release for
             # an honest device; strategies.records.ClientRecord.pull).
             "pull": float(getattr(record, "pull", 0.0)),
@@ -95,8 +97,8 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
         "laplace": "epsilon*r (d-privacy, Theorem 3.1 composition)",
         "gaussian": "epsilon at the client's delta (RDP, dp-accounting)",
         "sign": "epsilon at the client's delta (RDP, dp-accounting)",
-        "dpsgd": "record-level epsilon at the client's delta (RDP, dp-accounting; the relation "
-                 "each release is under is in the device's ledger)",
+        "dpsgd": "record-level epsilon at the client's delta (RDP, dp-accounting), of one "
+                 "record under each client's relation (add-remove or replace-one)",
     }.get(mechanism, "none: releases are not sanitized")
     return {
         "mechanism": mechanism,
@@ -189,8 +191,7 @@ def history_entry(record: Any) -> dict[str, Any]:
         "replies": record.replies,
         "declined": record.declined,
         "dropped": [list(d) for d in record.dropped],
-        "failures": record.failures,
-        "sampled": getattr(record, "sampled", 0),
+        "failures": record.failures, "sampled": getattr(record, "sampled", 0),
         "missing": list(getattr(record, "missing", [])),
         "failed": [list(f) for f in getattr(record, "failed", [])],
         "kept": getattr(record, "kept", None), "asked": list(getattr(record, "asked", [])),
@@ -344,8 +345,7 @@ class RunRecorder:
             "best_round": s.best_round,
             "hypotheses": delivered,
             "last_hypotheses": flat_hypotheses(s.hypotheses),
-            # Where the task knows its optima: each one's distance to the nearest delivered
-            # hypothesis (null otherwise).
+            # Each known optimum's distance to the nearest delivered hypothesis (null if unknown).
             "optima_distances": optima_distances(delivered, self.task_info.get("optima")),
             "initial_hypotheses": self.initial_hypotheses,
             "history": self.history,

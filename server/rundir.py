@@ -97,13 +97,19 @@ def resume_arguments(run_dir: Path) -> dict[str, Any]:
     return dict(saved)
 
 
+#: The family of ledger entries whose spend a mechanism's summary reports.
+_FAMILY = {"laplace": "d-privacy", "gaussian": "rdp", "sign": "rdp", "dpsgd": "record"}
+
+
 def ledger_report(ledgers: Iterable[Path], mechanism: str) -> dict[str, Any] | None:
     """Read the devices' ledger files; return the ``ledgers`` section of the summary.
 
     ``spend`` is in the unit of the run's privacy report (Σ ε·r for Laplace, the composed ε for
-    Gaussian and sign, the record-level ε for dpsgd). A ledger that does not exist (a device
-    that never released) is left out; returns ``None`` when none exists. An unreadable ledger
-    is listed with its error, never skipped silently.
+    Gaussian and sign, the record-level ε for dpsgd); ``relation`` names the neighbouring
+    relation(s) of the releases it composes (``device-replace``, ``add-remove``,
+    ``replace-one``). A ledger that does not exist (a device that never released) is left out;
+    returns ``None`` when none exists. An unreadable ledger is listed with its error, never
+    skipped silently.
     """
     paths = sorted({Path(p) for p in ledgers if Path(p).is_file()})
     if not paths:
@@ -112,14 +118,19 @@ def ledger_report(ledgers: Iterable[Path], mechanism: str) -> dict[str, Any] | N
     per_client: dict[str, Any] = {}
     for path in paths:
         try:
-            spent = PrivacyLedger(path, delta=delta).spent()
+            ledger = PrivacyLedger(path, delta=delta)
+            spent, entries = ledger.spent(), ledger.entries()
         except (LedgerCorruptError, OSError, ValueError) as err:
             logger.error("ledger %s is unreadable: %s", path, err)
             per_client[path.stem] = {"error": str(err)}
             continue
         spend = (spent.d_privacy if mechanism == "laplace" else
                  spent.record_epsilon if mechanism == "dpsgd" else spent.epsilon)
-        per_client[path.stem] = {"spend": spend, "path": str(path), **spent.to_dict()}
+        family = _FAMILY.get(mechanism, "rdp")
+        # The relations the spend's releases were charged under, in the order first used.
+        relations = dict.fromkeys(e.event.relation for e in entries if e.event.family == family)
+        per_client[path.stem] = {"spend": spend, "relation": ", ".join(relations) or None,
+                                 "path": str(path), **spent.to_dict()}
     spends = [c["spend"] for c in per_client.values() if "spend" in c]
     return {
         "source": "the devices' ledgers, read after the run",

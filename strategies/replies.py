@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from flwr.common import ndarray_to_bytes
 
+from mechanisms.events import RELATIONS
 from settings import MECHANISMS
 
 __all__ = [
@@ -134,7 +135,9 @@ def parse_metrics(
     ``declined`` 0 or 1 (absent: 0); ``spend-d``, ``spend-epsilon``, ``budget-epsilon``,
     ``sigma``, ``spend-record-epsilon``, ``record-clip-final``, ``record-lr-final`` finite and
     >= 0; ``spend-delta``, ``budget-delta`` in [0, 1]; ``releases``,
-    ``declines`` integers >= 0; ``mechanism`` one of the known mechanisms.
+    ``declines`` integers >= 0; ``mechanism`` one of the known mechanisms; ``relation`` (the
+    neighbouring relation the device's release is charged under) one of
+    :data:`mechanisms.events.RELATIONS`.
     """
     name = metrics.get("client-name")
     if not isinstance(name, str) or len(name) > MAX_NAME or not _NAME.fullmatch(name):
@@ -171,6 +174,12 @@ def parse_metrics(
         if mechanism is not None and not declined and said != mechanism:
             return f"released with mechanism {said!r}, the run asks for {mechanism!r}"
         values["mechanism"] = said
+    relation = metrics.get("relation")
+    if relation is not None:
+        if relation not in RELATIONS:
+            return f"metric 'relation' must be one of {', '.join(RELATIONS)}, got " \
+                   f"{_short(relation)}"
+        values["relation"] = relation
     for key in ("declined-by", "decline-reason"):
         if isinstance(metrics.get(key), str):
             values[key] = metrics[key][:MAX_TEXT]

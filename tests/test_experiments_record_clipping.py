@@ -9,11 +9,19 @@ runs gets a larger ν than the single OSO run, and composing the grid's runs giv
 from __future__ import annotations
 
 import csv
+from typing import Any
 
+import numpy as np
 import pytest
 
 from experiments.cli import run_experiment
-from experiments.record_clipping import EXPERIMENT, PROFILES, calibrated_noise, strategies
+from experiments.record_clipping import (
+    EXPERIMENT,
+    PROFILES,
+    calibrated_noise,
+    one_run,
+    strategies,
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +64,43 @@ def test_a_grid_pays_for_its_runs(rows: list[dict[str, str]]) -> None:
 def test_the_report_section_has_the_table(rows: list[dict[str, str]]) -> None:
     text = "\n".join(EXPERIMENT.report(rows))
     assert "| digits | central | 5 |" in text and "| breast-cancer | federated | 5 |" in text
+    # The sizes of the profile the rows come from, and why they answer the question.
+    assert "T = 8 DP-SGD steps at q = 0.1" in text and "They still answer the question" in text
+
+
+class _Trace:
+    def __init__(self, clip: float, lr: float) -> None:
+        self.clips, self.learning_rates = [clip, 2.0 * clip], [lr, 3.0 * lr]
+
+
+class _Task:
+    def init_parameters(self, rng: np.random.Generator) -> list[np.ndarray]:
+        return [np.zeros(3)]
+
+
+def test_every_federated_release_starts_from_the_configured_clip_and_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: the trainer replaced by one that records where each release starts and ends
+    # it elsewhere (C doubled, the step tripled).
+    import tasks.dpsgd
+
+    starts: list[tuple[float, float]] = []
+
+    def train(task: object, params: list[np.ndarray], data: object, training: Any,
+              rng: np.random.Generator) -> tuple[list[np.ndarray], _Trace]:
+        starts.append((training.clip, training.learning_rate))
+        return [p + 1.0 for p in params], _Trace(training.clip, training.learning_rate)
+
+    monkeypatch.setattr(tasks.dpsgd, "train_record_level", train)
+    data = {"silos": [list(range(40))] * 4}
+    p = {"rounds": 3, "steps": 6, "rate": 0.1}
+
+    # Execute
+    params, clip, lr = one_run(_Task(), data, "federated", "oso", 1.0, 0.5, 0.2, 0.5, 0, p)
+
+    # Assert: 4 silos × 3 rounds, each release from C_0 = 0.5 and ρ_0 = 0.2, as a gpfl device's
+    # release starts from the request; what is returned is where the last round's releases ended.
+    assert starts == [(0.5, 0.2)] * 12
+    assert (clip, lr) == (1.0, pytest.approx(0.6))
+    np.testing.assert_array_equal(params[0], np.full(3, 3.0))

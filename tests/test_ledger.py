@@ -401,7 +401,8 @@ def test_file_format_is_versioned_json_private_to_the_user(path: Path) -> None:
     assert document["declines"] == 0
     (entry,) = document["events"]
     assert entry["round"] == 7
-    assert entry["event"] == {"kind": "metric", "layers": [[0.25, 2.0]]}
+    assert entry["event"] == {"kind": "metric", "layers": [[0.25, 2.0]],
+                              "relation": "device-replace"}
     assert entry["time"].endswith("+00:00")
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert sorted(p.name for p in path.parent.iterdir()) == ["client-0.json", "client-0.json.lock"]
@@ -416,7 +417,7 @@ def test_neighbourhood_events_are_stored_as_public_numbers(path: Path) -> None:
     # Assert
     (entry,) = json.loads(path.read_text())["events"]
     assert entry["event"] == {"kind": "neighbourhood", "dimensions": [784, 10],
-                              "noise_multiplier": 5.0}
+                              "noise_multiplier": 5.0, "relation": "device-replace"}
     assert PrivacyLedger(path, delta=DELTA).entries()[0].event == NeighbourhoodEvent(
         (784, 10), 5.0)
 
@@ -470,16 +471,19 @@ def test_format_ledger_lists_events_and_totals(path: Path) -> None:
     # Execute
     text = format_ledger(path)
 
-    # Assert: a record-level entry names its neighbouring relation.
+    # Assert: every entry names its neighbouring relation.
     lines = text.splitlines()
+    device = "device-replace"
     assert lines[0] == f"privacy ledger {path}"
-    assert lines[1].split() == ["#", "time", "(UTC)", "round", "kind", "parameters", "d-cost"]
-    assert lines[2].split()[2:] == ["1", "metric", "ε=0.2,", "r=2", "0.4"]
-    assert lines[3].split()[2:] == ["2", "metric", "2", "layers", "0.3"]
-    assert lines[4].split()[2:] == ["-", "gaussian", "z=8", "-"]
-    assert lines[5].split()[2:] == ["4", "neighbourhood", "n=7850,", "ν=5", "1570"]
-    assert lines[6].split()[2:] == ["5", "neighbourhood", "2", "layers,", "ν=4", "198.5"]
-    assert lines[7].split()[2:6] == ["6", "dpsgd", "replace-one,", "q=0.1,"]
+    assert lines[1].split() == ["#", "time", "(UTC)", "round", "kind", "relation", "parameters",
+                                "d-cost"]
+    assert lines[2].split()[2:] == ["1", "metric", device, "ε=0.2,", "r=2", "0.4"]
+    assert lines[3].split()[2:] == ["2", "metric", device, "2", "layers", "0.3"]
+    assert lines[4].split()[2:] == ["-", "gaussian", device, "z=8", "-"]
+    assert lines[5].split()[2:] == ["4", "neighbourhood", device, "n=7850,", "ν=5", "1570"]
+    assert lines[6].split()[2:] == ["5", "neighbourhood", device, "2", "layers,", "ν=4",
+                                    "198.5"]
+    assert lines[7].split()[2:6] == ["6", "dpsgd", "replace-one", "q=0.1,"]
     assert "releases: 6   declines: 1" in text
     assert "d-privacy (Σ ε·r): 1769.2" in text
     record = record_epsilon([RecordLevelEvent(0.1, 2.0, 10, "replace-one", 2.0)], DELTA)

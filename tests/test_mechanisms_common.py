@@ -241,7 +241,7 @@ def test_neighbourhood_event_keeps_ints_and_floats() -> None:
     assert [type(n) for n in event.dimensions] == [int, int]
     assert type(event.noise_multiplier) is float
     assert event.to_dict() == {"kind": "neighbourhood", "dimensions": [4, 5],
-                               "noise_multiplier": 2.0}
+                               "noise_multiplier": 2.0, "relation": "device-replace"}
 
 
 @pytest.mark.parametrize(

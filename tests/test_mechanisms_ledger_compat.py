@@ -137,21 +137,26 @@ LEDGER_BEFORE_THE_SPLIT = """{
 }
 """
 LOCK_BEFORE_THE_SPLIT = b"gpfl-privacy-ledger generation 00000000000000000009\n"
-# What that code printed for it (format_ledger, without the first line naming the path).
+# What `gpfl ledger` prints for it (without the first line naming the path): the table that
+# code printed, with the relation column added since (its entries name none: each reads as its
+# kind's relation) and, after the totals, a line per relation.
 TABLE_BEFORE_THE_SPLIT = [
-    '#  time (UTC)                 round  kind           parameters     d-cost',
-    '1  2026-11-23T18:24:09+00:00  1      neighbourhood  n=7850, ν=5    1570',
-    '2  2026-11-23T18:24:09+00:00  2      metric         2 layers       0.35',
-    '3  2026-11-23T18:24:09+00:00  3      gaussian       z=3.25         -',
-    '4  2026-11-23T18:24:13+00:00  4      sign           z=3.25         -',
-    '5  2026-11-23T18:24:13+00:00  -      gaussian       z=8            -',
-    '6  2026-11-23T18:24:13+00:00  6      neighbourhood  2 layers, ν=4  198.5',
-    '7  2026-11-23T18:24:13+00:00  7      none           no noise       -',
+    '#  time (UTC)                 round  kind           relation        parameters     d-cost',
+    '1  2026-11-23T18:24:09+00:00  1      neighbourhood  device-replace  n=7850, ν=5    1570',
+    '2  2026-11-23T18:24:09+00:00  2      metric         device-replace  2 layers       0.35',
+    '3  2026-11-23T18:24:09+00:00  3      gaussian       device-replace  z=3.25         -',
+    '4  2026-11-23T18:24:13+00:00  4      sign           device-replace  z=3.25         -',
+    '5  2026-11-23T18:24:13+00:00  -      gaussian       device-replace  z=8            -',
+    '6  2026-11-23T18:24:13+00:00  6      neighbourhood  device-replace  2 layers, ν=4  198.5',
+    '7  2026-11-23T18:24:13+00:00  7      none           none            no noise       -',
     '',
     'releases: 7   declines: 2',
     'd-privacy (Σ ε·r): 1768.85',
     'Gaussian/sign (RDP): ε = 1.9404 at δ = 1e-05',
     'releases without noise (no guarantee): 1',
+    "relation device-replace (6 of the releases): device level: the device's whole local data "
+    "set replaced by any other (d-privacy: at the distance between the two data sets' models)",
+    'relation none (1 of the releases): no guarantee: released without noise',
 ]
 
 
@@ -165,7 +170,8 @@ def test_a_ledger_written_before_the_split_loads_with_the_same_spend(path: Path)
     ledger = PrivacyLedger(path, delta=DELTA)
     spend = ledger.spent()
 
-    # Assert: the figures that code reported, to the bit; the entries as charged.
+    # Assert: the figures that code reported, to the bit; the entries as charged, each under
+    # its kind's relation.
     assert spend == Spend(d_privacy=1768.85, epsilon=1.9404043377646252, delta=1e-05,
                           releases=7, declines=2)
     assert [e.round for e in ledger.entries()] == [1, 2, 3, 4, None, 6, 7]
@@ -174,6 +180,7 @@ def test_a_ledger_written_before_the_split_loads_with_the_same_spend(path: Path)
         GaussianReleaseEvent(3.25), SignReleaseEvent(3.25), GaussianReleaseEvent(8.0),
         NeighbourhoodEvent((784, 10), 4.0), NonPrivateEvent(),
     ]
+    assert [e.event.relation for e in ledger.entries()] == ["device-replace"] * 6 + ["none"]
     assert format_ledger(path).splitlines()[1:] == TABLE_BEFORE_THE_SPLIT
 
 
@@ -188,8 +195,13 @@ def test_a_ledger_written_before_the_split_is_continued_in_the_same_format(
     # Execute
     PrivacyLedger(path, delta=DELTA).record_decline()
 
-    # Assert: the same document but for the two counters a decline moves.
-    expected = LEDGER_BEFORE_THE_SPLIT.replace('"generation": 9', '"generation": 10').replace(
-        '"declines": 2', '"declines": 3')
-    assert path.read_text() == expected
+    # Assert: the same document but for the two counters a decline moves and the relation each
+    # event now names (written last in it, as that code's writer would have indented it).
+    document = json.loads(LEDGER_BEFORE_THE_SPLIT)
+    assert json.dumps(document, indent=1) + "\n" == LEDGER_BEFORE_THE_SPLIT
+    document["generation"], document["declines"] = 10, 3
+    for item in document["events"]:
+        item["event"]["relation"] = "none" if item["event"]["kind"] == "none" else "device-replace"
+    assert path.read_text() == json.dumps(document, indent=1) + "\n"
+    assert PrivacyLedger(path, delta=DELTA).spent().epsilon == 1.9404043377646252
     assert lock_of(path).read_bytes() == LOCK_BEFORE_THE_SPLIT.replace(b"09\n", b"10\n")
