@@ -209,3 +209,10 @@ def test_the_wire_table_names_the_declines_the_client_sends() -> None:
             and call.func.attr == "_decline" and len(call.args) > 1
             and isinstance(call.args[1], ast.Constant)}
     assert sent and documented == sent
+
+
+def test_the_readme_stays_a_quick_read() -> None:
+    # The README is the product card: what gpfl is, the two commands, one example each, the
+    # guarantees; the rest lives in docs/. 10 KiB keeps it that.
+    size = (ROOT / "README.md").stat().st_size
+    assert size <= 10 * 1024, f"README.md is {size} bytes; move detail to docs/ (limit 10240)"
