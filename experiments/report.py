@@ -273,15 +273,24 @@ def render(raw: Path, previous: str) -> str:
                        f"{meta.get('profile', '?')} | "
                        f"{fmt(_compute_s(meta), 4)} s | {len(rows)} |")
     totals: dict[str, float] = {}
+    counted: set[str] = set()
     for item in loaded.values():
         seconds = None if item is None else _compute_s(item[1])
         if item is not None and seconds is not None:
+            # An experiment whose federations are all another's (leakage reads accuracy-vs-nu's
+            # from the shared cache) adds no time of its own.
+            configs = {json.dumps(c, sort_keys=True)
+                       for c in item[1].get("run_configs", {}).values()}
+            if configs and configs <= counted:
+                continue
+            counted |= configs
             profile = str(item[1].get("profile", "?"))
             totals[profile] = totals.get(profile, 0.0) + seconds
     took = "; ".join(f"profile **{p}**: {t / 60:.0f} min" for p, t in sorted(totals.items()))
     out += ["", "A runtime is that of the last invocation that ran the experiment's federations "
             "(one that reuses them all from the cache, to redraw figures, keeps it; see each "
-            "section's note). Summed over the experiments regenerated from raw files: "
+            "section's note). Summed over the experiments regenerated from raw files, "
+            "federations shared by two experiments counted once: "
             f"{took or 'nothing run'} (on a machine shared with other work, each experiment "
             "takes longer than alone).", ""]
     for name in ORDER:
