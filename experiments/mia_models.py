@@ -86,6 +86,9 @@ class MemberData:
         """Return the members, whatever the partition."""
         return self._data
 
+    def check_partition(self, partition_id: int, num_partitions: int) -> None:
+        """Accept any partition: each holds the members, whatever the wrapped task's ``users``."""
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._task, name)
 
