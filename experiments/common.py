@@ -256,11 +256,25 @@ class Context:
             "federations_reused": self.reused,
             "federations_s": round(self.federation_s, 1),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "command": " ".join(["python -m experiments", *sys.argv[1:]]),
+            "command": " ".join(["python -m experiments", *_public_argv(sys.argv[1:])]),
             "versions": _versions(),
             **dict(extra or {}),
         }
         _write_json(self.out / "meta.json", meta)
+
+
+def _public_argv(argv: list[str]) -> list[str]:
+    """Return the command's arguments without the folders it wrote to (this machine's paths)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--out", "--cache"):
+            skip = True
+        elif not arg.startswith(("--out=", "--cache=")):
+            out.append(arg)
+    return out
 
 
 def _versions() -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import difflib
+import json
 import shutil
 from pathlib import Path
 
@@ -94,3 +95,12 @@ def test_sections_not_regenerated_are_marked_and_listed_here() -> None:
         body = text.split(f"## {name}\n", 1)[1][:300]
         # Written from raw files, or marked as kept, or saying that it never ran.
         assert has_raw != (name in kept or body.lstrip().startswith("Not run yet"))
+
+
+def test_the_committed_commands_name_no_folder_of_the_machine_that_ran_them() -> None:
+    # meta.json's command is how to rerun an experiment; the folders it wrote to were that
+    # machine's and are left out (experiments.common), so anyone can run it as it stands.
+    for meta in sorted(RAW.glob("*/meta.json")):
+        command = json.loads(meta.read_text())["command"]
+        assert command.startswith("python -m experiments "), (meta, command)
+        assert "/" not in command.removeprefix("python -m experiments "), (meta, command)
