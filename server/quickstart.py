@@ -12,9 +12,10 @@ The quickstart keeps that privacy and changes only what the method leaves free:
   noise of a cluster's mean falls as 1/√m with m releases in it;
 * five local epochs (``local-epochs`` = 5), so each release carries a larger step toward its
   group's optimum, for the same relative noise;
-* the ``anneal`` server update (``server-update``): the papers' cluster mean until the
-  validation loss stalls, then a decreasing step that averages the release noise over rounds,
-  and a hypothesis that no release reaches for 3 rounds is re-seeded (``reseed-after``).
+* the ``plateau`` server update (``server-update``): the papers' cluster mean until the
+  server's validation loss stalls; then, at each stall, the best-validated hypotheses are
+  restored and the step shrinks (``plateau-factor``), which averages the release noise over
+  rounds; a hypothesis that no release reaches for 3 rounds is re-seeded (``reseed-after``).
   Both are post-processing of the releases: no device does or spends anything more;
 * 60 rounds, or 100 below 16 SuperNodes (fewer releases a round average less noise), without
   early stopping; the best validation round's hypotheses are the result.
@@ -38,7 +39,7 @@ QUICKSTART_RUN_CONFIG: dict[str, Any] = {
     "local-epochs": 5,
     "num-rounds": 60,
     "patience": 0,
-    "server-update": "anneal",
+    "server-update": "plateau",
     "reseed-after": 3,
 }
 #: Below this many SuperNodes the quickstart runs :data:`SMALL_FEDERATION_ROUNDS` rounds.

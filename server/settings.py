@@ -72,7 +72,8 @@ class RunSettings:
             resume_from=Path(v["resume-from"]).expanduser() if v["resume-from"] else None,
             values=v,
             server_update=ServerUpdate(v["server-update"], v["server-step"], v["anneal-after"],
-                                       v["anneal-rounds"], v["reseed-after"]),
+                                       v["anneal-rounds"], v["reseed-after"],
+                                       v["plateau-factor"]),
         )
 
     def task_config(self) -> dict[str, Any]:

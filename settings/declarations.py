@@ -213,15 +213,20 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("server-update", str, "mean",
             "how a hypothesis moves to its cluster's mean: mean (replaced, the papers'), step "
             "(by server-step), anneal (a full step until validation stalls, then a decreasing "
-            "one)", group="aggregation", choices=SERVER_UPDATES),
+            "one), plateau (a full step; each time validation stalls, the best-validated "
+            "hypotheses are restored and the step shrinks by plateau-factor)",
+            group="aggregation", choices=SERVER_UPDATES),
     Setting("server-step", float, 0.5, "step: the fraction of the way to the cluster mean",
             group="aggregation", minimum=0.0, maximum=1.0, open_minimum=True),
     Setting("anneal-after", int, 3,
-            "anneal: validations without a new best loss before the step starts to decrease",
+            "anneal, plateau: validations without a new best loss before the step decreases",
             group="aggregation", minimum=1),
     Setting("anneal-rounds", float, 20.0,
             "anneal: rounds after which the decreasing step has halved", group="aggregation",
             minimum=0.0, open_minimum=True),
+    Setting("plateau-factor", float, 0.7,
+            "plateau: the factor the step is multiplied by at each stall", group="aggregation",
+            minimum=0.0, maximum=1.0, open_minimum=True),
     Setting("reseed-after", int, 0,
             "re-seed a hypothesis that drew no release for this many rounds by splitting the "
             "largest cluster (0 = never)", group="aggregation", minimum=0),

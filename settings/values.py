@@ -42,7 +42,7 @@ RECORD_RELATIONS = ("add-remove", "replace-one")
 #: How a cluster's releases are weighted (strategies.aggregation implements each).
 AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
 #: How a hypothesis moves toward its cluster's aggregate (strategies.server_update).
-SERVER_UPDATES = ("mean", "step", "anneal")
+SERVER_UPDATES = ("mean", "step", "anneal", "plateau")
 #: What a cluster of releases becomes (strategies.robust implements each).
 CLUSTER_AGGREGATORS = ("mean", "clipped-mean", "median", "trimmed-mean", "krum")
 #: Clipping of a Gaussian/sign update; mechanisms.clipping.CLIP_MODES implements these.

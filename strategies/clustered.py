@@ -14,12 +14,11 @@ One round, as Flower's legacy ``Server.fit`` drives it::
                     :class:`~strategies.recorded.RecordedStrategy`)
 
 The math is pure functions on NumPy arrays; this class converts Flower's messages to a (m, n)
-float32 matrix and back, and orchestrates (:mod:`strategies.recorded`). After an early stop, or
-without a quorum, ``configure_fit`` returns no clients. The round's deadline is each
-instruction's TTL; a device that misses it is a failure (:class:`~strategies.proxies.TracedProxy`).
-Resuming: :meth:`ClusteredStrategy.state` captures what the strategy needs to continue (not the
-rounds of past re-seedings), :meth:`ClusteredStrategy.restore` puts it back; Flower then counts
-rounds from 1 again, and the strategy maps its round ``i`` to ``restored round + i``.
+float32 matrix and back, and orchestrates. After an early stop or without a quorum,
+``configure_fit`` returns no clients. The round's deadline is each instruction's TTL; a device
+that misses it is a failure (:class:`~strategies.proxies.TracedProxy`).
+Resuming: :meth:`ClusteredStrategy.state` captures what the strategy needs to continue (not past
+re-seedings), :meth:`~ClusteredStrategy.restore` puts it back; Flower's round i is then round+i.
 """
 
 from __future__ import annotations
@@ -77,14 +76,11 @@ class ClusteredStrategy(RecordedStrategy):
         Usable replies a round needs to change the hypotheses (fewer: they are kept, and the
         record says why). A round starts only once this many clients are connected.
     round_timeout : float
-        Seconds ``configure_fit`` waits for ``min_replies`` clients to connect; if fewer are
-        connected then, the run stops (``incomplete_reason`` says why). In the first round of
-        this process, while the federation forms, it first waits up to 15 s (at most
-        ``round_timeout``) for ``clients_per_round`` of them. The replies' deadline is Flower's
-        own round timeout.
+        Seconds ``configure_fit`` waits for ``min_replies`` clients (fewer: the run stops, and
+        ``incomplete_reason`` says why); in this process's first round it first waits up to 15 s
+        for ``clients_per_round`` of them. The replies' deadline is Flower's round timeout.
     release : {"parameters", "sign"}
-        What clients release: sanitized parameters (k-means + cluster means), or stochastic
-        signs of their update (majority vote; only with k = 1).
+        Sanitized parameters (k-means + cluster means), or stochastic signs (only with k = 1).
     aggregation, cluster_aggregator : str
         How a cluster's releases are weighted (:data:`strategies.AGGREGATIONS`); what each
         cluster becomes (:data:`strategies.robust.CLUSTER_AGGREGATORS`).
@@ -111,7 +107,7 @@ class ClusteredStrategy(RecordedStrategy):
         Called with each complete :class:`RoundRecord`; with ``incomplete_reason`` when the run
         stops for lack of devices.
     keep_released : bool
-        Store each round's released vectors (and clusters) in the record: small models only.
+        Store each round's releases (and clusters) in the records: small models only.
     server_update : ServerUpdate, optional
         The step to the cluster means and the re-seeding; default: the papers' plain mean.
 
@@ -120,15 +116,14 @@ class ClusteredStrategy(RecordedStrategy):
     hypotheses, best_hypotheses : list of list of np.ndarray
         The current k hypotheses, and those of the lowest validation loss so far (copies).
     incomplete_reason : str or None
-        Why the run stopped before its last round (too few devices), if it did.
+        Why the run stopped before its last round (too few devices, diverged), if it did.
     history, clients, stopped_early, rounds_completed, last_round, best_loss, best_round
-        The run's records (:class:`~strategies.recorded.RecordedStrategy`).
+        The run's records (inherited).
 
     Raises
     ------
     ValueError
-        If a parameter is out of range (the message names it), the hypotheses are empty or
-        inconsistent, or ``release="sign"`` is asked with more than one hypothesis.
+        For a parameter out of range (named), bad hypotheses, or "sign" with k > 1.
     """
 
     def __init__(
@@ -246,6 +241,11 @@ class ClusteredStrategy(RecordedStrategy):
     def _keep_best(self) -> None:
         self._best_flat = self._flat
 
+    def _after_record(self) -> None:  # ``plateau``: the next round starts from the best ones
+        if self.release != "sign" and self.server_update.restores(
+                self.history, self._reseeded, self.best_round):
+            self._flat = self._best_flat.copy()
+
     # ----------------------------------------------------------------- Strategy API
 
     def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
@@ -283,7 +283,8 @@ class ClusteredStrategy(RecordedStrategy):
             return []
         config: dict[str, Scalar] = {"num-hypotheses": self.num_hypotheses, "server-round": t,
                                      **self._fit_config}
-        fit_ins = FitIns(parameters=parameters, config=config)
+        # The strategy's own hypotheses (they differ from ``parameters`` after a restore).
+        fit_ins = FitIns(parameters=self._parameters(), config=config)
         for cid in chosen:
             self._client(cid).sampled += 1
         self._sampled = (t, chosen, [self.device_keys.current.get(c, f"node:{c}") for c in chosen])

@@ -136,6 +136,9 @@ class RecordedStrategy(Strategy):
     def _keep_best(self) -> None:
         """Remember the current hypotheses as the best ones (a new best validation loss)."""
 
+    def _after_record(self) -> None:
+        """Act on the round just recorded, before it is reported (and checkpointed)."""
+
     def _client(self, cid: str) -> ClientRecord:
         record = self.clients.get(cid)
         if record is None:
@@ -198,6 +201,7 @@ class RecordedStrategy(Strategy):
         record = RoundRecord(**{**outcome, "round": t}, val_loss=loss, val_metrics=val_metrics)
         self.history.append(record)
         self.last_round = t
+        self._after_record()
         if self._on_round is not None:
             self._on_round(record)
         if loss is None:

@@ -20,6 +20,16 @@ The step (``server-update``), with ``c_j`` the mean of cluster j's releases this
     (Robbins-Monro: Σ η_t = ∞, Σ η_t² < ∞) averages it over more and more rounds. Without a
     validation (no ``evaluate_fn``) it stays the papers' update.
 
+``plateau``
+    the full step until the server's validation loss has not improved for ``anneal-after``
+    consecutive validations; then the best-validated hypotheses are *restored* (the next round
+    trains from them) and the step is multiplied by ``plateau-factor``; again at every later
+    stall (the count restarts at each restore), down to :data:`MIN_PLATEAU_STEP`. It is the
+    learning-rate schedule "reduce on plateau, restore the best weights" of centralized
+    training, applied to the hypotheses: a noisy step that made them worse is undone instead of
+    being averaged in, and the shrinking step averages the release noise over more and more
+    rounds (docs/RESULTS.md, "Small federations", measures it against the others).
+
 Why a plain mean random-walks: under the neighbourhood calibration a release carries noise of
 expected norm ν‖δ‖, so a cluster mean of m releases moves its hypothesis by its update δ plus
 noise of root-mean-square ν‖δ‖·√(1.5/m) (Gamma(2) radius, n = 2): at ν = 5 and m = 4, three
@@ -41,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,12 +59,17 @@ import numpy as np
 from settings import SERVER_UPDATES, SETTINGS  # declared once, with the settings
 from strategies.records import RoundRecord
 
-__all__ = ["SERVER_UPDATES", "ServerUpdate", "anneal_start", "dead_hypotheses", "reseed",
-           "split_cluster", "step_towards"]
+__all__ = ["MIN_PLATEAU_STEP", "SERVER_UPDATES", "ServerUpdate", "anneal_start",
+           "dead_hypotheses", "plateaus", "reseed", "split_cluster", "stall_rounds",
+           "step_towards"]
 
 _LOG = logging.getLogger(__name__)
 
 # SERVER_UPDATES, the rules' names, is declared once with the setting (settings.declarations).
+
+#: ``plateau``'s smallest step: below it the hypotheses would all but stop following their
+#: clusters, and a group that drifts (new devices, new data) could no longer be followed.
+MIN_PLATEAU_STEP = 0.02
 
 
 @dataclass(frozen=True)
@@ -73,6 +88,8 @@ class ServerUpdate:
         ``anneal``: τ, the rounds after which the step has halved (> 0).
     reseed_after : int
         Rounds without a release before a hypothesis is re-seeded (0 = never).
+    plateau_factor : float
+        ``plateau``: the step's factor at each stall, in (0, 1].
 
     Raises
     ------
@@ -85,6 +102,7 @@ class ServerUpdate:
     anneal_after: int = SETTINGS["anneal-after"].default
     anneal_rounds: float = SETTINGS["anneal-rounds"].default
     reseed_after: int = SETTINGS["reseed-after"].default
+    plateau_factor: float = SETTINGS["plateau-factor"].default
 
     def __post_init__(self) -> None:
         if self.rule not in SERVER_UPDATES:
@@ -92,6 +110,9 @@ class ServerUpdate:
                              f"server-update={self.rule!r}")
         if not (math.isfinite(self.step) and 0 < self.step <= 1):
             raise ValueError(f"server-step must be in (0, 1], got server-step={self.step!r}")
+        if not (math.isfinite(self.plateau_factor) and 0 < self.plateau_factor <= 1):
+            raise ValueError(f"plateau-factor must be in (0, 1], got plateau-factor="
+                             f"{self.plateau_factor!r}")
         if not (math.isfinite(self.anneal_rounds) and self.anneal_rounds > 0):
             raise ValueError(f"anneal-rounds must be positive, got anneal-rounds="
                              f"{self.anneal_rounds!r}")
@@ -106,6 +127,9 @@ class ServerUpdate:
             return 1.0
         if self.rule == "step":
             return self.step
+        if self.rule == "plateau":
+            stalls, _ = plateaus(losses, self.anneal_after)
+            return max(MIN_PLATEAU_STEP, self.plateau_factor ** stalls) if stalls else 1.0
         start = anneal_start(losses, self.anneal_after)
         return 1.0 if start is None else 1.0 / (1.0 + (round - start) / self.anneal_rounds)
 
@@ -129,9 +153,7 @@ class ServerUpdate:
             a re-seeding count neither towards the hypothesis being dead again nor towards the
             annealing (after a split the hypotheses travel again with the full step).
         """
-        last_split = max(reseeded.values(), default=0)
-        losses = [(r.round, r.val_loss) for r in history if r.round >= last_split]
-        new = step_towards(hypotheses, means, self.eta(round, losses))
+        new = step_towards(hypotheses, means, self.eta(round, _since_split(history, reseeded)))
         if self.reseed_after == 0:
             return new, []
         k = hypotheses.shape[0]
@@ -146,6 +168,73 @@ class ServerUpdate:
             _LOG.info("round %d: hypothesis %d drew no release for %d rounds; re-seeded by "
                       "splitting hypothesis %d's cluster", round, gone, self.reseed_after, live)
         return new, splits
+
+
+    def restores(self, history: Sequence[RoundRecord], reseeded: Mapping[int, int],
+                 best_round: int | None) -> bool:
+        """Whether ``plateau`` restores the best hypotheses after the last record of ``history``.
+
+        Only when the last validation completed a stall, and the best round came after the
+        last re-seeding (restoring hypotheses from before a split would undo it).
+        """
+        if self.rule != "plateau" or not history or best_round is None:
+            return False
+        if best_round < max(reseeded.values(), default=0):
+            return False
+        _, now = plateaus(_since_split(history, reseeded), self.anneal_after)
+        if now:
+            _LOG.info("round %d: validation stalled; the hypotheses of round %d are restored "
+                      "and the step shrinks", history[-1].round, best_round)
+        return now
+
+
+def _since_split(history: Sequence[RoundRecord],
+                 reseeded: Mapping[int, int]) -> list[tuple[int, float | None]]:
+    """``(round, validation loss)`` of the records since the last re-seeding.
+
+    The rounds up to a re-seeding count neither towards the annealing nor towards a plateau:
+    after a split the hypotheses travel again with the full step.
+    """
+    last_split = max(reseeded.values(), default=0)
+    return [(r.round, r.val_loss) for r in history if r.round >= last_split]
+
+
+def plateaus(losses: Sequence[tuple[int, float | None]], patience: int) -> tuple[int, bool]:
+    """Count the stalls of ``losses`` and say whether the last validation completed one.
+
+    A stall is ``patience`` validations in a row without a new best loss, counted afresh after
+    each stall (the hypotheses are then restored to the best ones, whose loss is not a new
+    best either). Derived from the records alone, so a resumed run continues the same schedule.
+
+    Returns
+    -------
+    tuple of (int, bool)
+        The number of stalls, and whether the last validated entry completed one.
+    """
+    stalls = stall_rounds(losses, patience)
+    # Only the last entry's own validation can restore (not an unvalidated round after it).
+    return len(stalls), bool(stalls) and stalls[-1] == losses[-1][0]
+
+
+def stall_rounds(losses: Sequence[tuple[int, float | None]], patience: int) -> list[int]:
+    """Return the rounds that complete ``patience`` validations in a row without a new best.
+
+    The count restarts after each such round. ``losses``: ``(round, validation loss)`` in
+    order, ``None`` where a round was not validated (it does not count). A NaN loss is never a
+    new best.
+    """
+    best, stale, stalls = math.inf, 0, []
+    for t, loss in losses:
+        if loss is None:
+            continue
+        if loss < best:
+            best, stale = loss, 0
+            continue
+        stale += 1
+        if stale >= patience:
+            stalls.append(t)
+            stale = 0
+    return stalls
 
 
 def anneal_start(losses: Sequence[tuple[int, float | None]], patience: int) -> int | None:
@@ -163,17 +252,8 @@ def anneal_start(losses: Sequence[tuple[int, float | None]], patience: int) -> i
     int or None
         That round, or ``None`` if it has not come.
     """
-    best, stale = math.inf, 0
-    for t, loss in losses:
-        if loss is None:
-            continue
-        if loss < best:
-            best, stale = loss, 0
-            continue
-        stale += 1
-        if stale >= patience:
-            return t
-    return None
+    stalls = stall_rounds(losses, patience)
+    return stalls[0] if stalls else None
 
 
 def step_towards(hypotheses: np.ndarray, means: np.ndarray, eta: float) -> np.ndarray:

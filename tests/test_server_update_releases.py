@@ -35,6 +35,7 @@ ROUNDS = 6
 ARMS: list[dict[str, Any]] = [
     {"server-update": "step", "server-step": 0.5, "reseed-after": 1},
     {"server-update": "anneal", "anneal-after": 1, "anneal-rounds": 2.0, "reseed-after": 1},
+    {"server-update": "plateau", "anneal-after": 1, "plateau-factor": 0.5, "reseed-after": 1},
     {"server-update": "mean"},
 ]
 
@@ -62,6 +63,7 @@ def test_the_update_consumes_the_releases_only(tmp_path: Path, arm: dict[str, An
     assert parameters is not None
     strategy.evaluate(0, parameters)
     reseeded: dict[int, int] = {}
+    restored: list[int] = []
 
     for t in range(1, ROUNDS + 1):
         before, history = _flat(strategy.hypotheses), list(strategy.history)
@@ -78,8 +80,14 @@ def test_the_update_consumes_the_releases_only(tmp_path: Path, arm: dict[str, An
                               np.random.default_rng())
         expected, _ = settings.server_update.apply(before, means, released, labels, history, t,
                                                    reseeded)
+        # plateau: a stall in the server's own validation restores its best hypotheses.
+        if settings.server_update.restores(strategy.history, reseeded, strategy.best_round):
+            expected = _flat(strategy.best_hypotheses)
+            restored.append(t)
         np.testing.assert_allclose(_flat(strategy.hypotheses), expected, rtol=1e-6, atol=1e-6)
 
+    # The plateau arm restored at least once in these rounds (the case above was exercised).
+    assert bool(restored) == (arm["server-update"] == "plateau")
     # No extra spend: one charge of n/ν = 0.4 per round in each device's own ledger, no other.
     ledgers = sorted(p.name for p in tmp_path.glob("*.json"))
     assert ledgers == sorted(f"{c.policy.client_name}.json" for c in clients.values())

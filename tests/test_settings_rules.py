@@ -53,7 +53,8 @@ def test_the_strategy_defaults_are_the_declarations() -> None:
     assert checked == 8  # min-replies, round-timeout, aggregation, ... patience, persistence
     # The server update, when none is given, is the declared one.
     declared = ServerUpdate(*(SETTINGS[k].default for k in (
-        "server-update", "server-step", "anneal-after", "anneal-rounds", "reseed-after")))
+        "server-update", "server-step", "anneal-after", "anneal-rounds", "reseed-after",
+        "plateau-factor")))
     assert ServerUpdate() == declared
     assert params["patience"].default == SETTINGS["patience"].default
 

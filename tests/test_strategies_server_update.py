@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 import pytest
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from server.quickstart import QUICKSTART_RUN_CONFIG, quickstart_run_config
 from server.settings import RunSettings
@@ -17,11 +18,19 @@ from strategies.server_update import (
     ServerUpdate,
     anneal_start,
     dead_hypotheses,
+    plateaus,
     reseed,
     split_cluster,
     step_towards,
 )
-from tests.test_strategies_clustered import hyp, make, one_layer, reply, results_of
+from tests.test_strategies_clustered import (
+    FakeManager,
+    hyp,
+    make,
+    one_layer,
+    reply,
+    results_of,
+)
 
 F32 = np.float32
 
@@ -68,6 +77,51 @@ def test_eta_of_each_rule() -> None:
     assert anneal.eta(3, losses[:3]) == 1.0
 
 
+def test_plateaus_counts_each_stall_afresh_and_says_when_the_last_one_completed() -> None:
+    # Patience 2. Best 4 at round 1; rounds 2 and 4 (4.5, 4.2) are no better: stall 1 at
+    # round 4 (round 3 unvalidated). The count restarts: rounds 5 and 6 (4.1, 4.0) no better
+    # than 4: stall 2 at round 6. Round 7 (3.0) is a new best.
+    losses = [(0, 5.0), (1, 4.0), (2, 4.5), (3, None), (4, 4.2), (5, 4.1), (6, 4.0), (7, 3.0)]
+
+    assert plateaus(losses[:4], 2) == (0, False)
+    assert plateaus(losses[:5], 2) == (1, True)
+    assert plateaus(losses[:6], 2) == (1, False)
+    assert plateaus(losses[:7], 2) == (2, True)
+    assert plateaus(losses, 2) == (2, False)
+    # A NaN loss is never a new best; an unvalidated record after a stall does not repeat it.
+    assert plateaus([(0, 1.0), (1, math.nan), (2, math.nan)], 2) == (1, True)
+    assert plateaus([(0, 1.0), (1, 2.0), (2, 2.0), (3, None)], 2) == (1, False)
+
+
+def test_plateau_shrinks_the_step_by_its_factor_at_each_stall_down_to_a_floor() -> None:
+    rule = ServerUpdate("plateau", anneal_after=1, plateau_factor=0.5)
+    assert rule.eta(3, [(0, 5.0), (1, 4.0)]) == 1.0
+    assert rule.eta(3, [(0, 5.0), (1, 4.0), (2, 4.5)]) == 0.5
+    assert rule.eta(4, [(0, 5.0), (1, 4.0), (2, 4.5), (3, 4.5)]) == 0.25
+    stalled = [(0, 1.0)] + [(t, 2.0) for t in range(1, 30)]
+    assert rule.eta(31, stalled) == 0.02  # 0.5 ** 29 < MIN_PLATEAU_STEP
+
+
+def test_the_strategy_restores_its_best_hypotheses_at_a_stall_and_sends_them() -> None:
+    # Validation 5 (round 0), 4 (round 1: h = (1, 1) is the best), 4.5 (round 2: h = (3, 3)),
+    # 4.5 (round 3: h = (5, 5)): anneal-after 2 stalls at round 3, so h = (1, 1) is restored
+    # and round 4 is sent (1, 1). Round 4's step is 0.5: mean (3, 3) → (2, 2).
+    losses = iter([5.0, 4.0, 4.5, 4.5, 4.5])
+    strategy = make(hyp([0, 0]), clients_per_round=1, evaluate_fn=lambda h: {"loss": next(losses)},
+                    server_update=ServerUpdate("plateau", anneal_after=2, plateau_factor=0.5))
+    manager = FakeManager(["c0"])
+    strategy.evaluate(0, None)  # type: ignore[arg-type]
+    for t, v in ((1, [1, 1]), (2, [3, 3]), (3, [5, 5])):
+        strategy.aggregate_fit(t, results_of([reply(v)]), [])
+        strategy.evaluate(t, None)  # type: ignore[arg-type]
+
+    np.testing.assert_array_equal(one_layer(strategy), [[1, 1]])
+    (_, ins), = strategy.configure_fit(4, ndarrays_to_parameters([np.zeros(2, F32)]), manager)
+    np.testing.assert_array_equal(parameters_to_ndarrays(ins.parameters)[0], [1, 1])
+    strategy.aggregate_fit(4, results_of([reply([3, 3])]), [])
+    np.testing.assert_array_equal(one_layer(strategy), [[2, 2]])
+
+
 @pytest.mark.parametrize(("kwargs", "name"), [
     ({"rule": "median"}, "server-update"),
     ({"step": 0.0}, "server-step"),
@@ -75,6 +129,9 @@ def test_eta_of_each_rule() -> None:
     ({"anneal_rounds": 0.0}, "anneal-rounds"),
     ({"anneal_after": 0}, "anneal-after"),
     ({"reseed_after": -1}, "reseed-after"),
+    ({"plateau_factor": 0.0}, "plateau-factor"),
+    ({"plateau_factor": 1.5}, "plateau-factor"),
+    ({"plateau_factor": math.nan}, "plateau-factor"),
 ])
 def test_a_bad_value_names_its_setting(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -91,8 +148,9 @@ def test_run_settings_build_the_update_from_the_run_config() -> None:
         RunSettings.from_run_config({**federation_defaults(), "server-update": "median"})
 
 
-def test_the_quickstart_anneals_reseeds_and_runs_longer_below_16_supernodes() -> None:
-    assert QUICKSTART_RUN_CONFIG["server-update"] == "anneal"
+def test_the_quickstart_restores_on_plateaus_reseeds_and_runs_longer_below_16_supernodes(
+) -> None:
+    assert QUICKSTART_RUN_CONFIG["server-update"] == "plateau"
     assert QUICKSTART_RUN_CONFIG["reseed-after"] == 3
     assert quickstart_run_config(20, {})["num-rounds"] == 60
     assert quickstart_run_config(8, {})["num-rounds"] == 100
