@@ -266,6 +266,7 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
         ("k = 2 beats k = 1 on rotated digits without noise (accuracy, k = 2 − k = 1, ν = 0)",
          seed_acc(rows, 0.0, 2), seed_acc(rows, 0.0, 1), 1),
         ("k = 2 beats k = 1 at ν = 1", seed_acc(rows, 1.0, 2), seed_acc(rows, 1.0, 1), 1),
+        ("k = 2 beats k = 1 at ν = 15", seed_acc(rows, 15.0, 2), seed_acc(rows, 15.0, 1), 1),
         ("accuracy falls as ν grows (k = 2: ν = 15 − ν = 1)",
          seed_acc(rows, 15.0, 2), seed_acc(rows, 1.0, 2), -1),
     ]
