@@ -43,6 +43,7 @@ from settings import parse_optima
 from strategies import ClusteredStrategy, NormLimits
 from strategies.clustering import load_kmeans
 from strategies.device_keys import DeviceKeys
+from strategies.divergence import Divergence
 from tasks import load_task
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,8 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         evaluate_fn=evaluate_fn if validation else None,
         eval_every=settings.eval_every,
         patience=settings.patience,
+        divergence=Divergence(settings.values["divergence-factor"],
+                              settings.values["divergence-validations"]),
         rng=rng,
         device_keys=DeviceKeys(settings.seed, settings.values["sample-by"],
                                timeout=settings.round_timeout),

@@ -4,8 +4,8 @@ After every round the checkpoint (:mod:`server.checkpoint`) and then the summary
 (atomically): an interrupted run leaves what it had learnt and can be resumed. ``status``:
 ``running`` (also what a killed or crashed ServerApp leaves behind), ``complete``,
 ``stopped-early`` (patience ran out), ``incomplete`` (``incomplete_reason`` says why, e.g. too
-few devices connected) or ``diverged`` (the devices refused the hypotheses: some devices'
-releases pushed them away; ``incomplete_reason`` names them; not resumable).
+few devices connected) or ``diverged`` (strategies.divergence: the devices refused the hypotheses,
+or validations kept them far beyond the initial loss; the reason names who pushed; not resumable).
 """
 
 from __future__ import annotations

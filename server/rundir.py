@@ -82,8 +82,9 @@ def resume_arguments(run_dir: Path) -> dict[str, Any]:
         if status in FINISHED:
             raise ResumeError(f"--resume {run_dir}: the run is {status}; nothing to resume")
         if status == "diverged":
-            raise ResumeError(f"--resume {run_dir}: the run diverged (its devices refused the "
-                              "hypotheses); resuming would continue from them: start it anew")
+            raise ResumeError(f"--resume {run_dir}: the run diverged (its hypotheses left what "
+                              "the devices or the validation data support); resuming would "
+                              "continue from them: start it anew")
     try:
         saved = json.loads(launch_file.read_text())
     except json.JSONDecodeError as err:

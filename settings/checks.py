@@ -16,6 +16,7 @@ __all__ = [
     "check_allowed_tasks",
     "check_column_list",
     "check_device",
+    "check_divergence_factor",
     "check_fab_hashes",
     "check_name",
     "check_number_list",
@@ -107,6 +108,12 @@ def check_optima(text: str) -> None:
 def parse_optima(text: str) -> list[list[float]]:
     """Parse the ``optima`` setting (already checked) into vectors."""
     return [[float(v) for v in part.split(",")] for part in text.split(";")]
+
+
+def check_divergence_factor(value: float) -> None:
+    """Check a divergence factor: 0 (off) or more than 1 (1 or less ends slow honest runs)."""
+    if 0 < value <= 1:
+        raise ValueError("must be 0 (off) or more than 1")
 
 
 _DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")

@@ -14,6 +14,7 @@ from settings.checks import (
     check_allowed_tasks,
     check_column_list,
     check_device,
+    check_divergence_factor,
     check_fab_hashes,
     check_name,
     check_number_list,
@@ -71,6 +72,17 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("eval-every", int, 1, "validate on held-out users every this many rounds", minimum=1),
     Setting("patience", int, 6,
             "stop after this many validations without a new best loss (0 = never)", minimum=0),
+    # Read by the server alone (strategies.divergence), from its own validation: it only ends a
+    # run (status "diverged"), so no value can weaken a device's privacy. A factor of 1 or less
+    # would end honest runs that merely learn slowly: 0 (off) or more than 1.
+    Setting("divergence-factor", float, 100.0,
+            "end the run as diverged once divergence-validations validations in a row gave a "
+            "loss above this many times the initial hypotheses' (or not finite); 0 = off, else "
+            "more than 1",
+            minimum=0.0, maximum=1e12, check=check_divergence_factor),
+    Setting("divergence-validations", int, 3,
+            "how many validations in a row beyond divergence-factor end the run as diverged",
+            minimum=1, maximum=MAX_COUNT),
     Setting("seed", int, -1,
             "server-side randomness (sampling, initial hypotheses, client batch order); "
             "-1 = OS entropy; never the privacy noise", minimum=-1),

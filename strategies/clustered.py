@@ -36,6 +36,7 @@ from settings import SETTINGS
 from settings.rules import check_sign_single_model
 from strategies.aggregation import check_aggregation, sign_step
 from strategies.device_keys import DeviceKeys, seed_of
+from strategies.divergence import Divergence
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen, pushed_away
 from strategies.norms import NormLimits
@@ -97,6 +98,8 @@ class ClusteredStrategy(RecordedStrategy):
         Validate after every ``eval_every``-th round (and always in round 0).
     patience : int
         Stop after this many consecutive validations without a new best loss (0 = never).
+    divergence : Divergence, optional
+        When bad validations end the run as diverged (default: the settings').
     fit_config : dict, optional
         Extra entries sent in every ``FitIns.config``.
     rng : np.random.Generator, optional
@@ -109,14 +112,14 @@ class ClusteredStrategy(RecordedStrategy):
     keep_released : bool
         Store each round's releases (and clusters) in the records: small models only.
     server_update : ServerUpdate, optional
-        The step to the cluster means and the re-seeding; default: the papers' plain mean.
+        The step to the cluster means and the re-seeding (default: the settings').
 
     Attributes
     ----------
     hypotheses, best_hypotheses : list of list of np.ndarray
         The current k hypotheses, and those of the lowest validation loss so far (copies).
-    incomplete_reason : str or None
-        Why the run stopped before its last round (too few devices, diverged), if it did.
+    incomplete_reason, diverged
+        Why the run stopped before its last round (too few devices, or diverged), if it did.
     history, clients, stopped_early, rounds_completed, last_round, best_loss, best_round
         The run's records (inherited).
 
@@ -141,7 +144,7 @@ class ClusteredStrategy(RecordedStrategy):
         norm_limits: NormLimits | None = None,
         evaluate_fn: EvaluateFn | None = None,
         eval_every: int = _DEFAULTS["eval-every"],
-        patience: int = _DEFAULTS["patience"],
+        patience: int = _DEFAULTS["patience"], divergence: Divergence | None = None,
         fit_config: Mapping[str, Scalar] | None = None,
         rng: np.random.Generator | None = None, device_keys: DeviceKeys | None = None,
         on_round: Callable[[RoundRecord], None] | None = None,
@@ -169,7 +172,7 @@ class ClusteredStrategy(RecordedStrategy):
             raise ValueError(f"fit_config may not set {', '.join(clash)}: the strategy sets them")
 
         super().__init__(evaluate_fn=evaluate_fn, eval_every=eval_every, patience=patience,
-                         on_round=on_round)
+                         on_round=on_round, divergence=divergence)
         self.clients_per_round = clients_per_round
         self.min_replies = min_replies
         self.round_timeout = round_timeout
@@ -189,10 +192,7 @@ class ClusteredStrategy(RecordedStrategy):
         self._screen = ReplyScreen(self._shapes, release=release,
                                    need_sigma=self.aggregation != "mean", limits=limits)
 
-        self.incomplete_reason: str | None = None
-        self.diverged = False  # the devices refused the hypotheses (intake.pushed_away)
-        # _flat is never modified in place (each round makes a new matrix), so keeping a
-        # reference to the best one costs nothing.
+        # _flat is never modified in place, so keeping a reference to the best one is free.
         self._best_flat = self._flat
         self._sampled: tuple[int, list[str], list[str]] = (-1, [], [])  # round, ids, keys
         self._forming = True  # the first configure_fit of this process: devices still joining

@@ -31,6 +31,7 @@ import numpy as np
 from flwr.common import FitRes, Parameters
 from flwr.server.client_proxy import ClientProxy
 
+from strategies.divergence import pullers
 from strategies.norms import NormLimits, screen_norms
 from strategies.proxies import FAILED, DeviceFailure
 from strategies.records import ClientRecord
@@ -101,22 +102,15 @@ def pushed_away(server_round: int, intake: Intake,
     hypotheses (values beyond their ``max-parameter``): honest devices train from them, so a
     federation whose devices refuse its model no longer learns anything, whatever the devices
     still releasing do. The devices named are those whose accepted releases lay, on average,
-    farthest from their hypothesis relative to their rounds' median (``ClientRecord.pull``).
+    farthest from their hypothesis relative to their rounds' median
+    (:func:`strategies.divergence.pullers`).
     """
     if not intake.refusing or 2 * len(intake.refusing) < intake.answering:
         return None
     device, reason = intake.refusing[0]
-    pulls = {record.name or f"node {record.cid}": record.pull / record.participations
-             for record in clients.values() if record.participations}
-    typical = float(np.median(list(pulls.values()))) if pulls else 0.0
-    pullers = sorted((name for name, pull in pulls.items() if pull > 3 * max(typical, 1.0)),
-                     key=lambda name: -pulls[name])
-    named = (", ".join(f"{name} ({pulls[name]:.3g} x the median distance on average)"
-                       for name in pullers[:10])
-             if pullers else "no device stands out (every accepted release lay near the median)")
     text = (f"round {server_round}: the hypotheses were pushed away: {len(intake.refusing)} of "
             f"{intake.answering} devices refused them ({device}: {reason[:200]}); the releases "
-            f"that moved them came from {named}")
+            f"that moved them came from {pullers(clients)}")
     _LOG.error("%s; the run stops here", text)
     return text
 

@@ -30,6 +30,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
+from strategies.divergence import Divergence
 from strategies.records import ClientRecord, RoundRecord
 
 __all__ = ["EvaluateFn", "RecordedStrategy", "RoundResult"]
@@ -75,6 +76,9 @@ class RecordedStrategy(Strategy):
         Stop after this many consecutive validations without a new best loss (0 = never).
     on_round : callable or None
         Called with each :class:`RoundRecord` as soon as it is complete.
+    divergence : Divergence or None
+        When a run of bad validations ends the run as diverged
+        (:class:`~strategies.divergence.Divergence`; default: the settings' defaults).
 
     Attributes
     ----------
@@ -90,6 +94,11 @@ class RecordedStrategy(Strategy):
         The last round recorded (0 before any; the restored round after a restore).
     best_loss : float or None
         Lowest validation loss so far; ``best_round`` is the round it was reached in.
+    incomplete_reason : str or None
+        Why the run stopped before its last round (too few devices, or diverged), if it did.
+    diverged : bool
+        Whether it stopped because its hypotheses left what the devices or the validation data
+        support (:mod:`strategies.divergence`); not resumable.
 
     Notes
     -----
@@ -104,6 +113,7 @@ class RecordedStrategy(Strategy):
         eval_every: int,
         patience: int,
         on_round: Callable[[RoundRecord], None] | None,
+        divergence: Divergence | None = None,
     ) -> None:
         super().__init__()
         self.eval_every = eval_every
@@ -121,6 +131,9 @@ class RecordedStrategy(Strategy):
         self.best_round: int | None = None
         self._stale_evaluations = 0
         self._pending: RoundResult | None = None
+        self.divergence = divergence or Divergence()
+        self.incomplete_reason: str | None = None
+        self.diverged = False
 
     @property
     @abstractmethod
@@ -201,6 +214,11 @@ class RecordedStrategy(Strategy):
         record = RoundRecord(**{**outcome, "round": t}, val_loss=loss, val_metrics=val_metrics)
         self.history.append(record)
         self.last_round = t
+        if loss is not None and not self.diverged:
+            # Before on_round: the summary and the round line of this round say "diverged".
+            reason = self.divergence.check(self.history, self.clients)
+            if reason is not None:  # the run ends here (configure_fit: no clients)
+                self.incomplete_reason, self.diverged = reason, True
         self._after_record()
         if self._on_round is not None:
             self._on_round(record)

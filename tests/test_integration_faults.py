@@ -8,9 +8,11 @@ its checkpoint with ``resume-from``. Kept small (2 SuperNodes, a few rounds): a 
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ import pytest
 from mechanisms import PrivacyLedger
 from server.launcher import Federation, describe, launch
 from server.rundir import ResumeError, resume_arguments
-from tests.conftest import flower_processes
+from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
 
@@ -104,36 +106,104 @@ def test_a_hung_supernode_costs_one_deadline_and_the_run_goes_on(
     assert flower_processes() == []
 
 
+#: Appended to a copy of the client that both devices run: in round 2, once (a marker file in
+#: the folder named below says it happened; the resumed launch runs the same copy), client-0
+#: charges its release and then holds its reply until it is stopped: a release charged and in
+#: flight. client-1 holds *before* its charge and charges only once it is told to stop
+#: (SIGTERM), as a device that finishes its round while the federation shuts down; then it exits.
+HOLDING_CLIENT = """
+
+import signal as _signal
+import time as _time
+from pathlib import Path as _Path
+
+_honest_fit = GpflClient.fit
+_MARKERS = _Path({markers!r})
+
+
+def _holding_fit(self, parameters, config):
+    name = self.policy.client_name
+    marker = _MARKERS / name
+    if int(config.get("server-round", 0)) != 2 or marker.exists():
+        return _honest_fit(self, parameters, config)
+    marker.touch()
+    if name == "client-0":
+        result = _honest_fit(self, parameters, config)
+        _time.sleep(300)  # the executor's SIGTERM handler ends this: the reply never leaves
+        return result
+    stopped = []
+    previous = _signal.signal(_signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    deadline = _time.monotonic() + 300
+    while not stopped and _time.monotonic() < deadline:
+        _time.sleep(0.05)
+    _signal.signal(_signal.SIGTERM, previous)
+    result = _honest_fit(self, parameters, config)  # charged after the SuperLink died
+    if stopped:
+        raise SystemExit(128 + stopped[0])
+    return result
+
+
+GpflClient.fit = _holding_fit
+"""
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` every 0.1 s; fail the test, saying ``what``, after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.1)
+
+
 @pytest.mark.timeout(300)
 def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
-    # Prepare: 3 rounds planned; the SuperLink and everything under it (the ServerApp) is
-    # SIGKILLed as soon as round 1 is recorded, with round 2 possibly in flight. Nothing else
-    # is done for the launcher: it must notice, end `flwr run` and say the run is incomplete.
+    # Prepare: 3 rounds planned, both devices asked every round, both running the holding
+    # client. Once round 1 is recorded, the test waits until client-0's ledger holds its round-2
+    # release (it then holds its reply) and client-1 holds before its charge, and SIGKILLs the
+    # SuperLink and everything under it (the ServerApp). Nothing else is done for the launcher:
+    # it must notice, end `flwr run` and say the run is incomplete.
     out = tmp_path / "run"
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    app = rogue_app(tmp_path / "holding-app")
+    client = app / "client" / "numpy_client.py"
+    client.write_text(client.read_text().replace(
+        ROGUE_CLIENT, HOLDING_CLIENT.format(markers=str(markers))))
     run_config = {"num-rounds": 3, "clients-per-round": 2, "patience": 0, "seed": 5}
+    names = ("client-0", "client-1")
     killed: list[str] = []
 
     def kill_superlink(line: str, fed: Federation) -> None:
         if "[gpfl] round 1/3" in line and not killed:
+            wait_until(lambda: ledger_spend(out / "ledgers", names)["client-0"][0] == 2, 60,
+                       "client-0 to charge its round-2 release")
+            wait_until((markers / "client-1").exists, 60, "client-1 to hold before its charge")
             signal_tree(fed.procs.procs["superlink"].pid, signal.SIGKILL)
             killed.append(line)
 
-    first = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=200,
-                   run_config=run_config, on_line=kill_superlink)
+    first = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=200, app_dir=app,
+                   run_config=run_config, on_line=kill_superlink,
+                   node_env={i: {"PYTHONPATH": str(app)} for i in range(2)})
     assert killed and first.status == "incomplete" and not first.finished
     assert first.died["superlink"] == -signal.SIGKILL
     assert "SuperLink exited" in first.summary["incomplete_reason"]
     assert first.summary["last_round"] == 1
     assert "gpfl launch --resume" in describe(first)
-    # The ledgers hold every release, also one charged in the round that was lost: what the
-    # launch reports is read from them, never less than the devices reported.
+    # The ledgers hold every release, the two of round 2 included: client-0's, charged before
+    # the kill, and client-1's, charged while the launcher stopped it (before: read before the
+    # SuperNodes were stopped, the launch reported client-1 one release short). What the launch
+    # reports is what the ledger files hold once it returned.
+    on_disk = ledger_spend(out / "ledgers", names)
     ledgers = first.summary["ledgers"]["per_client"]
-    for name, client in first.summary["privacy"]["per_client"].items():
-        spent = PrivacyLedger(out / "ledgers" / f"{name}.json", delta=1e-5).spent()
-        assert ledgers[name]["spend"] == pytest.approx(spent.d_privacy)
-        assert ledgers[name]["spend"] >= client["spend"]
+    for name, client_record in first.summary["privacy"]["per_client"].items():
+        assert client_record["participations"] == 1
+        assert on_disk[name][0] == 2, (name, on_disk)  # one more than the rounds recorded
+        assert ledgers[name]["releases"] == 2 and ledgers[name]["spend"] == pytest.approx(
+            on_disk[name][1])
+    assert json.loads((out / "summary.json").read_text())["ledgers"]["per_client"] == ledgers
     assert flower_processes() == []
 
     # Execute: `gpfl launch --resume` (its arguments): a new federation (new SuperNodes, new
@@ -147,13 +217,13 @@ def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
     assert [r["after_round"] for r in summary["resumed"]] == [1]
     assert summary["rounds_completed"] == 3
     # Assert: no release is forgotten or charged twice: each device took part in the 3 rounds,
-    # its ledger holds those releases (plus one if it released in round 2 before the kill), and
-    # what the summary reports is what the ledger holds.
-    for name, client in summary["privacy"]["per_client"].items():
+    # its ledger holds those releases plus the one lost in round 2, and what the summary reports
+    # is what the ledger holds.
+    for name, client_record in summary["privacy"]["per_client"].items():
         ledger = PrivacyLedger(out / "ledgers" / f"{name}.json", delta=1e-5).spent()
-        assert client["participations"] == 3 and len(client["node_ids"]) == 2
-        assert ledger.releases in (3, 4)
-        assert client["spend"] == pytest.approx(ledger.d_privacy)
+        assert client_record["participations"] == 3 and len(client_record["node_ids"]) == 2
+        assert ledger.releases == 4
+        assert client_record["spend"] == pytest.approx(ledger.d_privacy)
         assert ledger.d_privacy == pytest.approx(ledger.releases * N_OVER_NU)
     with pytest.raises(ResumeError, match="complete; nothing to resume"):
         resume_arguments(out)

@@ -24,6 +24,7 @@ import pytest
 
 from mechanisms import PrivacyLedger
 from server.launcher import Federation, describe, launch
+from server.rundir import ResumeError, resume_arguments
 from tests.conftest import flower_processes
 from tests.test_integration_faults import ROGUE_CLIENT, rogue_app, signal_tree
 
@@ -217,12 +218,12 @@ def test_a_far_releasing_rogue_over_real_processes_cannot_blow_the_hypotheses_up
     assert flower_processes() == []
 
 
-#: Appended to a copy of the client: client-1 charges honestly, then releases its own offset
-#: from the hypothesis amplified 250 times (its own distance is a few times the round's median,
-#: so the screening's bound of 1000 x that median usually lets it pass). With one hypothesis
-#: every device trains from where the rogue moved it; updates are clipped, so the push grows
-#: the hypothesis by about a hundred a round rather than compounding.
-COMPOUNDING_ROGUE = """
+#: Appended to a copy of the client: client-1 charges honestly, then releases its hypothesis
+#: moved 300 times its own honest distance along (1, 1)/sqrt(2). Its honest distance is about
+#: the round's median, so the screening's bound of 1000 x that median lets it pass, and with
+#: one hypothesis and three devices it moves it by ~100 x a release's distance a round, always
+#: the same way, while staying far below an honest device's default max-parameter (1e6).
+DRIFTING_ROGUE = """
 
 import numpy as _np
 
@@ -234,7 +235,8 @@ def _rogue_fit(self, parameters, config):
     if self.policy.client_name != "client-1" or not arrays:
         return arrays, count, metrics
     h0 = _np.asarray(parameters[0], dtype=_np.float64)
-    release = h0 + 250.0 * (_np.asarray(arrays[0], dtype=_np.float64) - h0)
+    own = _np.linalg.norm(_np.asarray(arrays[0], dtype=_np.float64) - h0)
+    release = h0 + 300.0 * own * _np.ones_like(h0) / _np.sqrt(h0.size)
     return [release.astype(_np.float32)], count, metrics
 
 
@@ -243,31 +245,46 @@ GpflClient.fit = _rogue_fit
 
 
 @pytest.mark.timeout(300)
-def test_hypotheses_pushed_beyond_the_devices_range_end_the_run_diverged_naming_the_rogue(
+def test_hypotheses_pushed_beyond_what_the_validation_supports_end_the_run_diverged(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
     # Prepare: 3 devices, all asked every round, one hypothesis, the default (papers') mean;
-    # client-1 pushes; the two honest devices accept no hypothesis value beyond 50 (their own
-    # max-parameter, the device's bound on what it trains from).
+    # client-1 pushes (~40 a round here). client-0 accepts no hypothesis value beyond 50 (its
+    # own max-parameter); client-2 keeps the default, 1e6, which the rogue never comes near.
+    # The run ends once 3 validations in a row (the default) are above 10 x the initial loss
+    # (the default is 100 x; 10 x shows the same in 4 rounds instead of ~15).
     app = rogue_app(tmp_path / "rogue-app")
     client = app / "client" / "numpy_client.py"
-    client.write_text(client.read_text().replace(ROGUE_CLIENT, COMPOUNDING_ROGUE))
+    client.write_text(client.read_text().replace(ROGUE_CLIENT, DRIFTING_ROGUE))
+    out = tmp_path / "run"
 
     # Execute
     result = launch(
-        supernodes=3, out_dir=tmp_path / "run", echo=lambda _: None, timeout=260, app_dir=app,
-        run_config={"num-rounds": 12, "clients-per-round": 3, "patience": 0, "seed": 4,
-                    "num-hypotheses": 1},
-        node_configs={0: {"max-parameter": 50.0}, 2: {"max-parameter": 50.0}},
+        supernodes=3, out_dir=out, echo=lambda _: None, timeout=260, app_dir=app,
+        run_config={"num-rounds": 10, "clients-per-round": 3, "patience": 0, "seed": 4,
+                    "num-hypotheses": 1, "divergence-factor": 10.0},
+        node_configs={0: {"max-parameter": 50.0}},
         node_env={1: {"PYTHONPATH": str(app)}},
     )
 
-    # Assert: the honest devices refused hypotheses beyond their max-parameter; the run ended
-    # "diverged" (exit 4, not resumable) and names the device whose releases moved them.
+    # Assert: client-0's refusal reached the server as a failure naming its max-parameter,
+    # but one device of three refusing does not end a run (strategies.intake.pushed_away).
     summary = result.summary
+    history = summary["history"]
+    refusals = [reason for entry in history for device, reason in entry["failed"]
+                if device == "client-0"]
+    assert refusals and all("max-parameter" in reason for reason in refusals), history
+    # Assert: the validation ended the run "diverged" (exit 4, not resumable; before: 10 rounds
+    # and "complete"), naming the device whose releases moved the hypotheses, and only it.
     assert result.status == "diverged", summary.get("incomplete_reason")
     reason = summary["incomplete_reason"]
-    assert "pushed away" in reason and "client-1" in reason
-    assert summary["last_round"] < 12
+    assert "left the range the validation data supports" in reason, reason
+    named = reason.split("came from")[1]
+    assert "client-1 (" in named and "client-0" not in named and "client-2" not in named
+    losses = [entry["val_loss"] for entry in history]
+    assert all(loss > 10 * losses[0] for loss in losses[-3:]), losses
+    assert summary["last_round"] < 10 and len(history) == summary["last_round"] + 1
     assert "run diverged" in describe(result)
+    with pytest.raises(ResumeError, match="diverged"):
+        resume_arguments(out)
     assert flower_processes() == []
