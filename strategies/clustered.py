@@ -188,6 +188,7 @@ class ClusteredStrategy(RecordedStrategy):
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
         self._screen = ReplyScreen(self._shapes, release=release,
                                    need_sigma=self.aggregation != "mean", limits=limits)
+        self._screen.names.by_key = self.device_keys.identity == "key"  # strategies.identity
 
         self.incomplete_reason: str | None = None
         self.diverged = False  # the devices refused the hypotheses (intake.pushed_away)
@@ -267,7 +268,7 @@ class ClusteredStrategy(RecordedStrategy):
         available, chosen = sample_devices(
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
             min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
-            records=self.clients, keys=self.device_keys,
+            records=self.clients, keys=self.device_keys, names=self._screen.names,
             excluded=self._screen.names.superseded() | {
                 cid for cid, r in self.clients.items() if r.name in self._persistence.set_aside})
         self._forming = False

@@ -337,5 +337,7 @@ class ReplyScreen:
 
     def load_dict(self, data: dict[str, object]) -> None:
         """Restore :meth:`to_dict`."""
-        self.names = NameBook.from_dict(data.get("names", {}))  # type: ignore[arg-type]
+        # The identity rule is this run's setting (node-identity), not the checkpoint's.
+        self.names = NameBook.from_dict(data.get("names", {}),  # type: ignore[arg-type]
+                                        by_key=self.names.by_key)
         self.reference = np.asarray(data.get("reference", []), dtype=np.float64)
