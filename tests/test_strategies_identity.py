@@ -98,9 +98,15 @@ def test_refused_claims(announced: dict[str, str], refused: set[str]) -> None:
     assert all(isinstance(why, str) and "announces" in why for why in out.values())
 
 
-def test_a_dead_nodes_announcement_is_not_counted_against_a_newcomer() -> None:
-    # Only connected nodes are passed: carol's first node is gone, its second is alone.
-    assert refused_claims({"c2": "carol"}, NameBook(by_key=True)) == {}
+def test_a_gone_nodes_announcement_does_not_keep_a_name_from_a_newcomer() -> None:
+    # c1 announced carol, then left before it ever replied; c2 announces carol after it.
+    keys = DeviceKeys(1, identity="key", timeout=1.0)
+    book = NameBook(by_key=True)
+    assert keys.refused({"c1": NamedProxy("c1", "carol")}, book, 1) == {}
+
+    # Only the connected nodes' announcements count (c1's is still remembered).
+    assert keys.refused({"c2": NamedProxy("c2", "carol")}, book, 2) == {}
+    assert keys.announced == {"c1": "carol", "c2": "carol"}
 
 
 # ----------------------------------------------------------------- DeviceKeys
