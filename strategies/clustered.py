@@ -186,9 +186,8 @@ class ClusteredStrategy(RecordedStrategy):
         self._rng = rng if rng is not None else np.random.default_rng()
         self.device_keys = device_keys or DeviceKeys(seed_of(self._rng))
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
-        self._screen = ReplyScreen(self._shapes, release=release,
-                                   need_sigma=self.aggregation != "mean", limits=limits)
-        self._screen.names.by_key = self.device_keys.identity == "key"  # strategies.identity
+        self._screen = ReplyScreen(self._shapes, release=release, limits=limits, need_sigma=(
+            self.aggregation != "mean"), by_key=self.device_keys.identity == "key")
 
         self.incomplete_reason: str | None = None
         self.diverged = False  # the devices refused the hypotheses (intake.pushed_away)

@@ -134,6 +134,9 @@ class ReplyScreen:
         Whether each release must declare ``sigma`` (budget-aware aggregation).
     limits : NormLimits
         The run's mechanism and clipping (magnitude rules).
+    by_key : bool
+        ``node-identity = "key"``: a node id is its SuperNode key and a name never moves
+        (:mod:`strategies.identity`).
     """
 
     def __init__(
@@ -143,6 +146,7 @@ class ReplyScreen:
         release: str,
         need_sigma: bool,
         limits: NormLimits,
+        by_key: bool = False,
     ) -> None:
         self.shapes = [tuple(s) for s in shapes]
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
@@ -151,7 +155,7 @@ class ReplyScreen:
         self.limits = limits
         self.need_sigma = need_sigma or limits.mechanism == "gaussian"
         self.byte_limits = tensor_limits(self.shapes, np.float32)
-        self.names = NameBook()
+        self.names = NameBook(by_key)
         #: Distances of the releases accepted in the last round that accepted any (rule 3 of
         #: :mod:`strategies.norms`).
         self.reference = np.zeros(0)

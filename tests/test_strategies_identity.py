@@ -73,8 +73,7 @@ def test_by_name_the_same_claim_still_takes_the_name_over() -> None:
 
 def test_the_screen_keeps_the_runs_identity_rule_over_a_checkpoint() -> None:
     screen = ReplyScreen([(1,)], release="parameters", need_sigma=False,
-                         limits=NormLimits(mechanism="laplace"))
-    screen.names.by_key = True
+                         limits=NormLimits(mechanism="laplace"), by_key=True)
     screen.names.check("a", "alice")
 
     screen.load_dict(screen.to_dict())
