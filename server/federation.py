@@ -132,6 +132,8 @@ class Federation:
     node_configs: dict[int, dict[str, Any]] = field(default_factory=dict)
     #: Extra environment of each SuperNode (e.g. its own ``CUDA_VISIBLE_DEVICES``).
     node_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    #: Extra flags of each SuperNode (its ``--auth-supernode-private-key``): a restart keeps them.
+    node_args: dict[int, list[str]] = field(default_factory=dict)
     flwr_home: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="gpfl-flwr-")))
     #: Environment added to every process (e.g. ``GPFL_POLICY`` for virtual nodes).
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -228,6 +230,7 @@ class Federation:
         port = self.supernode_ports.get(index) or free_port()
         self.supernode_ports[index] = port
         self.node_configs[index] = dict(node_config)
+        self.node_args[index] = list(extra_args or [])
         if env is not None:
             self.node_env[index] = dict(env)
         if self.tls is None and root_certificates is None:
@@ -272,9 +275,13 @@ class Federation:
             self.procs.stop(name)
 
     def restart_supernode(self, index: int) -> None:
-        """Stop SuperNode ``index`` and start it again with the same node config."""
+        """Stop SuperNode ``index`` and start it again with the same node config and flags.
+
+        With SuperNode authentication it comes back with the same key, hence (Flower 1.39) the
+        same node id, once the SuperLink lets it activate (:mod:`strategies.identity`).
+        """
         self.stop_supernode(index)
-        self.start_supernode(index, self.node_configs[index])
+        self.start_supernode(index, self.node_configs[index], self.node_args.get(index))
 
     def submit(self, app_dir: Path, run_config: Mapping[str, Any]) -> subprocess.Popen[str]:
         """``flwr run <app> <connection> --stream``; returns the streaming process."""

@@ -148,7 +148,7 @@ def launch(
     auth : bool
         SuperNode authentication (implies ``tls``): a key pair per SuperNode is
         made for this launch and registered with the SuperLink before the
-        SuperNodes start.
+        SuperNodes start; the run config's ``node-identity`` defaults to ``"key"``.
     simulation : bool
         Run the same apps on Flower's Simulation Engine (Ray) with ``supernodes``
         virtual SuperNodes instead of real SuperNode processes.
@@ -196,6 +196,8 @@ def launch(
     out.mkdir(parents=True, exist_ok=True)
     config = dict(run_config or {})
     config["out-dir"] = str(out)
+    if auth:  # the SuperLink binds each key to one node id, the device (strategies.identity)
+        config.setdefault("node-identity", "key")
     device_policy = {"ledger-dir": str(out / "ledgers"), **(policy or {})}
     nodes = {i: {"partition-id": i, "num-partitions": supernodes,
                  **(node_configs or {}).get(i, {})} for i in range(supernodes)}

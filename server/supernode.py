@@ -12,9 +12,15 @@ then starts two processes and watches them:
   the server sends is never imported.
 
 A crashed executor is restarted (with a growing pause). When the SuperNode exits, the runner stops
-the executor and exits with the SuperNode's code. On SIGTERM, SIGINT or SIGHUP (and on any exit)
-it stops both, each by its process group; each child is also told by the kernel to stop if the
-runner dies without cleaning up (``PR_SET_PDEATHSIG``). Nothing is stopped by name.
+the executor and exits with the SuperNode's code; except that, with SuperNode authentication, a
+SuperNode that fails within the SuperLink's heartbeat window of the runner's start is started
+again (every few seconds, for that window): a device restarted after a crash keeps its key, and
+Flower 1.39 refuses that key's activation while its dead registration is still online, then
+accepts it under the same node id (:mod:`strategies.identity`). A key the SuperLink does not
+know is therefore refused for about a minute before the runner gives up. On SIGTERM, SIGINT or
+SIGHUP (and on any exit) it stops both, each by its process group; each child is also told by
+the kernel to stop if the runner dies without cleaning up (``PR_SET_PDEATHSIG``). Nothing is
+stopped by name.
 
 The executor lives in ``client/`` (it is the client, and the client imports nothing of
 ``server``); this module is only the process wrapper, next to the launcher that uses it.
@@ -41,6 +47,12 @@ __all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "supern
 #: The port of the SuperNode's Runtime API when none is given (Flower's default).
 DEFAULT_PORT = 9094
 _PR_SET_PDEATHSIG = 1
+#: How long a SuperLink keeps a dead SuperNode online: Flower 1.39's heartbeat patience times its
+#: interval (``flwr.common.constant``: 2 x 30 s; a test checks them). Not imported: the runner
+#: starts before, and without, Flower's import.
+HEARTBEAT_WINDOW_S = 60.0
+#: Seconds between two activations of an authenticated SuperNode (see the module notes).
+REACTIVATE_PAUSE_S = 5.0
 class NodeConfigError(ValueError):
     """The device's node config or policy is invalid; nothing was started."""
 
@@ -229,9 +241,21 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
         echo(f"SuperNode pid {supernode.pid} (process isolation, Runtime API "
              f"127.0.0.1:{args.port}); device settings from {source}")
         pause, started = 1.0, time.monotonic()
+        # Only a keyed SuperNode has an old registration that can refuse it (module notes). The
+        # old one went offline at most the window after the runner started: an attempt begun
+        # after that (plus a margin for the SuperLink's clock) is the last one made.
+        attempt, window_ends = started, started + HEARTBEAT_WINDOW_S + REACTIVATE_PAUSE_S
         executor = _start(executor_argv(args.port, args.poll_interval, os.getpid()))
         while True:
             code = supernode.poll()
+            if code not in (None, 0) and args.auth_supernode_private_key \
+                    and attempt < window_ends:
+                echo(f"the SuperNode exited with code {code}; with a SuperNode key this is "
+                     f"how the SuperLink refuses a key whose earlier registration is still "
+                     f"online: starting it again in {REACTIVATE_PAUSE_S:.0f} s")
+                time.sleep(REACTIVATE_PAUSE_S)
+                attempt, supernode = time.monotonic(), _start(supernode_argv(args))
+                continue
             if code is not None:
                 echo(f"the SuperNode exited with code {code}; stopping the executor")
                 return code

@@ -35,6 +35,7 @@ from settings.values import (
     MAX_PRIVACY_PARAMETER,
     MAX_RECORD_STEPS,
     MECHANISMS,
+    NODE_IDENTITY,
     RECORD_CLIPPING,
     RECORD_RELATIONS,
     SAMPLE_BY,
@@ -91,6 +92,13 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "(the node id the SuperLink assigns) or \"name\" (the client-name each device "
             "announces when asked: runs at one seed ask the same devices; for federations "
             "whose names the server trusts)", choices=SAMPLE_BY),
+    # Flower 1.39 binds an authenticated SuperNode's key to one node id (strategies.identity).
+    Setting("node-identity", str, "name",
+            "what a device is across restarts: \"name\" (its client-name; a restarted device, "
+            "under a new node id, takes its name over) or \"key\" (the SuperLink runs with "
+            "--enable-supernode-auth: a node id is its SuperNode key, a name stays with the "
+            "key that first spoke it and another node that announces it is not asked)",
+            choices=NODE_IDENTITY),
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
     # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
     # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an

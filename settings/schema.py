@@ -32,6 +32,7 @@ from settings.values import (
     CLIP_MODES,
     CLUSTER_AGGREGATORS,
     MECHANISMS,
+    NODE_IDENTITY,
     SAMPLE_BY,
     SERVER_UPDATES,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "CLUSTER_AGGREGATORS",
     "FLOWER_NODE_KEYS",
     "MECHANISMS",
+    "NODE_IDENTITY",
     "SAMPLE_BY",
     "SERVER_UPDATES",
     "SETTINGS",

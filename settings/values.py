@@ -49,3 +49,5 @@ CLUSTER_AGGREGATORS = ("mean", "clipped-mean", "median", "trimmed-mean", "krum")
 CLIP_MODES = ("l2", "elementwise")
 #: What keys each round's draw of devices (strategies.device_keys).
 SAMPLE_BY = ("node", "name")
+#: What identifies a device across restarts (strategies.identity).
+NODE_IDENTITY = ("name", "key")

@@ -189,8 +189,8 @@ class ClusteredStrategy(RecordedStrategy):
         self._rng = rng if rng is not None else np.random.default_rng()
         self.device_keys = device_keys or DeviceKeys(seed_of(self._rng))
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
-        self._screen = ReplyScreen(self._shapes, release=release,
-                                   need_sigma=self.aggregation != "mean", limits=limits)
+        self._screen = ReplyScreen(self._shapes, release=release, limits=limits, need_sigma=(
+            self.aggregation != "mean"), by_key=self.device_keys.identity == "key")
 
         # _flat is never modified in place, so keeping a reference to the best one is free.
         self._best_flat = self._flat
@@ -267,7 +267,7 @@ class ClusteredStrategy(RecordedStrategy):
         available, chosen = sample_devices(
             client_manager, self._rng, server_round=t, clients_per_round=self.clients_per_round,
             min_replies=self.min_replies, round_timeout=self.round_timeout, forming=self._forming,
-            records=self.clients, keys=self.device_keys,
+            records=self.clients, keys=self.device_keys, names=self._screen.names,
             excluded=self._screen.names.superseded() | {
                 cid for cid, r in self.clients.items() if r.name in self._persistence.set_aside})
         self._forming = False

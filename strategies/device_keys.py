@@ -23,6 +23,10 @@ The key is
     devices, a simulation). A node that does not answer, answers no valid name, or announces a
     name another node announced too is keyed by its node id; the nodes are asked at once, so a
     silent one delays the round it joins by the query's timeout (the round timeout), once.
+
+With ``node-identity = "key"`` (SuperNode authentication, :mod:`strategies.identity`) every new
+node is asked its name this way, whatever keys the draw, so that a node claiming a name that is
+another node's is left out before it is asked to train (:meth:`DeviceKeys.refused`).
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ from flwr.common import GetPropertiesIns
 from flwr.server.client_proxy import ClientProxy
 
 from settings import SAMPLE_BY
-from strategies.replies import MAX_NAME, NAME_PATTERN
+from strategies.identity import NODE_IDENTITY, refused_claims
+from strategies.replies import MAX_NAME, NAME_PATTERN, NameBook
 
 __all__ = ["SAMPLE_BY", "DeviceKeys", "draw_priority", "lowest_priorities", "seed_of"]
 
@@ -91,14 +96,22 @@ class DeviceKeys:
     by : str
         ``"node"`` or ``"name"`` (see the module notes).
     timeout : float
-        The most seconds a properties query waits (``"name"`` only).
+        The most seconds a properties query waits (``"name"`` or ``identity="key"`` only).
+    identity : str
+        ``node-identity``: ``"name"`` or ``"key"`` (:mod:`strategies.identity`).
     """
 
     def __init__(self, seed: int | None = None, by: str = "node",
-                 timeout: float = NAME_QUERY_TIMEOUT_S) -> None:
+                 timeout: float = NAME_QUERY_TIMEOUT_S, identity: str = "name") -> None:
         if by not in SAMPLE_BY:
             raise ValueError(f"sample-by must be one of {', '.join(SAMPLE_BY)}, got "
                              f"sample-by={by!r}")
+        if identity not in NODE_IDENTITY:
+            raise ValueError(f"node-identity must be one of {', '.join(NODE_IDENTITY)}, got "
+                             f"node-identity={identity!r}")
+        self.identity = identity
+        #: Nodes already named in a log line as refused (each is named once, not every round).
+        self._told: set[str] = set()
         self.seed = int(seed) if seed is not None else secrets.randbits(63)
         self.by = by
         self.timeout = float(timeout)
@@ -119,6 +132,26 @@ class DeviceKeys:
         self.current = {cid: f"name:{name}" if name and counts[name] == 1 else f"node:{cid}"
                         for cid, name in names.items()}
         return dict(self.current)
+
+    def refused(self, available: Mapping[str, ClientProxy], names: NameBook,
+                server_round: int) -> dict[str, str]:
+        """Return the connected nodes not to ask this round, with why (empty unless by key).
+
+        Under ``node-identity = "key"`` each node not asked yet is asked its name first
+        (:meth:`_ask`); a node claiming a name that belongs to another node (another key) is
+        refused (:func:`strategies.identity.refused_claims`), named once in the log.
+        """
+        if self.identity != "key":
+            return {}
+        self._ask([cid for cid in available if cid not in self.announced], available,
+                  server_round)
+        refused = refused_claims({cid: self.announced.get(cid, "") for cid in available},
+                                 names)
+        for cid in sorted(set(refused) - self._told):
+            _LOG.warning("round %d: node %s is not asked: it %s", server_round, cid,
+                         refused[cid])
+        self._told = set(refused)  # a node refused again after a pause is named again
+        return refused
 
     def draw(self, keys: Mapping[str, str], server_round: int, size: int) -> list[str]:
         """Return the ``size`` node ids drawn in ``server_round`` (see `lowest_priorities`)."""

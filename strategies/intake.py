@@ -128,6 +128,9 @@ class ReplyScreen:
         Whether each release must declare ``sigma`` (budget-aware aggregation).
     limits : NormLimits
         The run's mechanism and clipping (magnitude rules).
+    by_key : bool
+        ``node-identity = "key"``: a node id is its SuperNode key and a name never moves
+        (:mod:`strategies.identity`).
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class ReplyScreen:
         release: str,
         need_sigma: bool,
         limits: NormLimits,
+        by_key: bool = False,
     ) -> None:
         self.shapes = [tuple(s) for s in shapes]
         self.sizes = [int(np.prod(s, dtype=np.int64)) for s in self.shapes]
@@ -145,7 +149,7 @@ class ReplyScreen:
         self.limits = limits
         self.need_sigma = need_sigma or limits.mechanism == "gaussian"
         self.byte_limits = tensor_limits(self.shapes, np.float32)
-        self.names = NameBook()
+        self.names = NameBook(by_key)
         #: Distances of the releases accepted in the last round that accepted any (rule 3 of
         #: :mod:`strategies.norms`).
         self.reference = np.zeros(0)
@@ -331,5 +335,7 @@ class ReplyScreen:
 
     def load_dict(self, data: dict[str, object]) -> None:
         """Restore :meth:`to_dict`."""
-        self.names = NameBook.from_dict(data.get("names", {}))  # type: ignore[arg-type]
+        # The identity rule is this run's setting (node-identity), not the checkpoint's.
+        self.names = NameBook.from_dict(data.get("names", {}),  # type: ignore[arg-type]
+                                        by_key=self.names.by_key)
         self.reference = np.asarray(data.get("reference", []), dtype=np.float64)

@@ -14,10 +14,11 @@ Size
     (:func:`tensor_limits`): checked on the raw bytes, before anything is parsed.
 Names
     A reply's ``client-name`` is bound to one node at a time (:class:`NameBook`): two nodes never
-    speak for one device in a round. A new node may take a name over (the same device restarted,
-    which Flower gives a new node id while its old one stays registered until its heartbeat
-    expires); the old node is then superseded: not asked again, its replies under the name
-    dropped (see :meth:`NameBook.check`).
+    speak for one device in a round. Without SuperNode authentication a new node may take a name
+    over (the same device restarted, which Flower gives a new node id while its old one stays
+    registered until its heartbeat expires); the old node is then superseded: not asked again,
+    its replies under the name dropped (see :meth:`NameBook.check`). With ``node-identity =
+    "key"`` a node id is its SuperNode key (:mod:`strategies.identity`) and a name never moves.
 """
 
 from __future__ import annotations
@@ -258,9 +259,15 @@ class NameBook:
     registration is the device; the older one is *superseded* (:meth:`superseded`), no longer
     asked and no longer heard under the name. Records of both nodes merge under the name in the
     summary.
+
+    With ``by_key`` (``node-identity = "key"``: the SuperLink authenticates SuperNodes and binds
+    each key to one node id, :mod:`strategies.identity`) the node id *is* the device: a restarted
+    device comes back under the same id, so a name never moves; another node that speaks as a
+    bound name is another key, and is refused.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, by_key: bool = False) -> None:
+        self.by_key = by_key
         self.node_name: dict[str, str] = {}
         self.name_node: dict[str, str] = {}
 
@@ -277,13 +284,17 @@ class NameBook:
             The node ids that answered this round (a release, a decline or a failure). A name
             whose node answered this round stays with it: one device, one reply a round. A name
             whose node did not moves to the new node at once (the device restarted: its reply
-            counts, rather than being refused after it charged its ledger).
+            counts, rather than being refused after it charged its ledger). Not used with
+            ``by_key``: there a name stays with its node.
         """
         bound = self.node_name.get(node)
         if bound is not None and bound != name:
             return f"node {node} speaks as {bound!r}, this reply says {name!r}"
         owner = self.name_node.get(name)
         if owner is not None and owner != node:
+            if self.by_key:
+                return f"name {name!r} belongs to node {owner}, another SuperNode key " \
+                       f"(node-identity=\"key\")"
             if bound == name:
                 return f"name {name!r} moved to node {owner}"
             if owner in answered:
@@ -305,9 +316,9 @@ class NameBook:
         return {"node_name": dict(self.node_name), "name_node": dict(self.name_node)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Mapping[str, str]]) -> NameBook:
-        """Rebuild from :meth:`to_dict`."""
-        book = cls()
+    def from_dict(cls, data: Mapping[str, Mapping[str, str]], by_key: bool = False) -> NameBook:
+        """Rebuild from :meth:`to_dict` (``by_key``: the run's ``node-identity``, not stored)."""
+        book = cls(by_key)
         book.node_name = {str(k): str(v) for k, v in data.get("node_name", {}).items()}
         book.name_node = {str(k): str(v) for k, v in data.get("name_node", {}).items()}
         return book

@@ -38,6 +38,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.device_keys import DeviceKeys
 from strategies.records import ClientRecord
+from strategies.replies import NameBook
 
 __all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "responsive", "rests",
            "sample_devices"]
@@ -113,6 +114,7 @@ def sample_devices(
     records: Mapping[str, ClientRecord] | None = None,
     keys: DeviceKeys | None = None,
     excluded: Collection[str] = (),
+    names: NameBook | None = None,
 ) -> tuple[dict[str, ClientProxy], list[str]]:
     """Wait for enough connected devices, then sample up to ``clients_per_round`` of them.
 
@@ -143,6 +145,11 @@ def sample_devices(
         Nodes never asked and not counted towards the quorum: the old registration of a
         restarted device (its name moved to a newer node), and devices set aside by the
         persistence test (:mod:`strategies.persistence`).
+    names : NameBook, optional
+        The run's name bindings: with ``keys`` keyed by identity ``"key"``, nodes that claim
+        another node's name are left out like ``excluded`` ones (:meth:`DeviceKeys.refused`),
+        checked each time the connected set is read, so a node joining while the round waits
+        is checked too.
 
     Returns
     -------
@@ -167,7 +174,12 @@ def sample_devices(
     stale = set(excluded)
 
     def current() -> dict[str, ClientProxy]:
-        return {cid: p for cid, p in client_manager.all().items() if cid not in stale}
+        now = {cid: p for cid, p in client_manager.all().items() if cid not in stale}
+        if keys is not None and names is not None:
+            # Before the draw: a node that could not count is never asked to charge.
+            refused = keys.refused(now, names, t)
+            now = {cid: p for cid, p in now.items() if cid not in refused}
+        return now
 
     available = current()
     records = records or {}
