@@ -73,7 +73,8 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
     assert (ctx.launched, ctx.reused) == (1, 1)
     done = json.loads((ctx.run_dir(spec) / "done.json").read_text())
     # The run config as launched: the experiments' draw by name, then the spec's own.
-    assert done["run_config"] == {"sample-by": "name", "task": "synthetic", "seed": 0}
+    assert done["run_config"] == {"sample-by": "name", "divergence-factor": 0.0,
+                                  "task": "synthetic", "seed": 0}
     assert fake.calls[0]["run_config"]["sample-by"] == "name"
     fresh = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", fresh=True)
     fresh.run(spec)
