@@ -172,7 +172,10 @@ def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
     client = app / "client" / "numpy_client.py"
     client.write_text(client.read_text().replace(
         ROGUE_CLIENT, HOLDING_CLIENT.format(markers=str(markers))))
-    run_config = {"num-rounds": 3, "clients-per-round": 2, "patience": 0, "seed": 5}
+    # The quickstart's server update, stalling at every validation that is not a new best, so
+    # that its restores run over real processes and across the resume.
+    run_config = {"num-rounds": 3, "clients-per-round": 2, "patience": 0, "seed": 5,
+                  "server-update": "plateau", "anneal-after": 1}
     names = ("client-0", "client-1")
     killed: list[str] = []
 
