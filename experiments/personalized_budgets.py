@@ -146,7 +146,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "full": {"panels": list(PANELS), "uniform": True, "personalized": None,
              "accountings": list(ACCOUNTINGS), "seeds": [0, 1, 2, 3, 4]},
     # 002's two digits panels at budgets where the arithmetic mean learns ("readable"), both
-    # readings, five seeds: 60 federations, ~40 min on 2 cores.
+    # readings, five seeds: 60 federations, ~60 min on 2 cores shared with other work.
     "quick": {"panels": ["digits-iid-gaussian", "digits-dirichlet-sign"], "uniform": False,
               "personalized": "readable", "accountings": list(ACCOUNTINGS), "no_noise": True,
               "seeds": [0, 1, 2, 3, 4]},

@@ -272,9 +272,10 @@ types non-IID neither gains).
 _TEXT_3 = flow("""
 **Differences.** (1) Accounting: 002 calibrates each round's noise to (ε_i, δ_i) and states no
 composition; gpfl composes a client's releases with dp-accounting's RDP accountant, so under
-our semantics ε_i is the total and every release carries ~√R times more noise. Both are run:
+our semantics ε_i is the total and a release carries ~√R times the noise that 002's reading
+of the same ε_i puts on it. Both are run:
 the `per-round` rows reproduce 002's reading and show what it really costs (the composed ε of
-R = 10 releases at δ_i), the `composed` rows are what a gpfl user configuring ε_i gets. (2)
+the R releases at δ_i), the `composed` rows are what a gpfl user configuring ε_i gets. (2)
 Sensitivity: we clip the whole update to L2 norm C and release it (Δ = 2C for the vector,
 user-level local privacy); 002's σ formula does not scale with the clipping bound and its sign
 mechanism takes Δ₂ = 2c per coordinate, so the same ε_i does not give the same noise in both;
