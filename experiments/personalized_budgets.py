@@ -13,8 +13,9 @@ MNIST experiments (which use scikit-learn's 8×8 digits and a logistic regressio
 
 At those budgets the arithmetic mean stays at chance on our 30 users, so the quick profile runs
 "readable" budgets instead (``readable`` in each panel's budgets): 002's patterns ×10 (Gaussian)
-and ×4 (sign) per release, and in the composed reading the totals those come to over R = 10
-releases; the full profile runs both.
+and ×4 (sign) per release, and in the composed reading round totals at or below what those
+per-release budgets compose to over R = 10 releases (equal for the low budgets, lower for the
+high ones: there the composed rows carry more noise); the full profile runs both.
 
 Two accountings of the same budgets, side by side (``accounting`` column):
 
@@ -57,6 +58,7 @@ from experiments.common import Context, FederationSpec
 from experiments.figures import pyplot, save
 from experiments.personalized_budgets_report import (
     AGGREGATIONS,
+    PAPER_BUDGETS,
     _name,
     aggregate,
     report_section,
@@ -70,27 +72,30 @@ from experiments.tables import (
 
 NAME = "personalized-budgets"
 COLUMNS = ("panel", "accounting", "setting", "budgets", "aggregation", "method", "seed",
-           "accuracy", "val_loss", "best_round", "rounds", "failures", "max_epsilon")
+           "accuracy", "val_loss", "best_round", "rounds", "failures", "max_epsilon",
+           "min_epsilon", "max_sigma", "min_sigma")
 ACCOUNTINGS = ("composed", "per-round")
 #: ``cap-epsilon`` of the per-round accounting: a cap no run of these panels reaches (the
 #: composed totals are reported, not enforced).
 _PER_ROUND_CAP = 1e4
 
 IID_BUDGETS: dict[str, Any] = {
-    "personalized": ["1,1,10", "1,5,10", "1,10,10"], "uniform": ["1", "5", "10"],
-    # 002's pattern ×10 (per release), and in the composed reading the totals that those
-    # per-release budgets come to over R = 10 releases (ε = 10 composes to 52.6 at δ = 1/500):
-    # the same noise under either reading, so the two rows differ only in what ε means.
+    "personalized": list(PAPER_BUDGETS["gaussian"]), "uniform": ["1", "5", "10"],
+    # 002's pattern ×10 (per release), and in the composed reading round totals. Over R = 10
+    # releases at δ = 1/500, ε = 10 per release composes to 52.6 (50 used: ~3 % more noise)
+    # but ε = 100 composes to 749.5 (500 used: ~25 % more noise), so the readings differ in
+    # noise as well as in what ε means; the report compares the clients' σ of both.
     # 002's own budgets leave every aggregation at chance on 30 users (the arithmetic mean
     # reached 0.16-0.24); these are the smallest of the tried scales (×2, ×5, ×10) at which
     # A learns (~0.75 in a simulation of the panel) and B and C still have room above it.
     "readable": {"per-round": "10,10,100", "composed": "50,50,500"},
 }
 NONIID_BUDGETS: dict[str, Any] = {
-    "personalized": ["5,5,5,5,5,15,15,15,15,15", "5,5,5,10,10,10,10,15,15,15"],
+    "personalized": list(PAPER_BUDGETS["sign"]),
     "uniform": ["5", "10", "15"],
-    # 002's pattern ×4 per release (ε = 20 composes to 102 over 10 releases at δ = 10⁻⁵), and
-    # those totals in the composed reading; at ×1 the arithmetic mean reached 0.08-0.27.
+    # 002's pattern ×4 per release, and round totals in the composed reading: over 10
+    # releases at δ = 10⁻⁵, ε = 20 composes to 102 (100 used: ~1 % more noise) but ε = 60 to
+    # 374.2 (300 used: ~14 % more noise). At ×1 the arithmetic mean reached 0.08-0.27.
     "readable": {"per-round": "20,20,20,20,20,60,60,60,60,60",
                  "composed": "100,100,100,100,100,300,300,300,300,300"},
 }
@@ -141,7 +146,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     "full": {"panels": list(PANELS), "uniform": True, "personalized": None,
              "accountings": list(ACCOUNTINGS), "seeds": [0, 1, 2, 3, 4]},
     # 002's two digits panels at budgets where the arithmetic mean learns ("readable"), both
-    # readings, five seeds: 60 federations, ~40 min on 2 cores.
+    # readings, five seeds: 60 federations, ~60 min on 2 cores shared with other work.
     "quick": {"panels": ["digits-iid-gaussian", "digits-dirichlet-sign"], "uniform": False,
               "personalized": "readable", "accountings": list(ACCOUNTINGS), "no_noise": True,
               "seeds": [0, 1, 2, 3, 4]},
@@ -209,13 +214,21 @@ def grid(ctx: Context) -> list[Cell]:
 
 
 def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
-    """Measure the final model's accuracy (as 002 reports it) and the largest spend."""
+    """Measure the final model's accuracy (as 002 reports it), the spends and the noise.
+
+    ``min_epsilon``/``max_epsilon``: the smallest and largest composed spend of a client;
+    ``max_sigma``/``min_sigma``: the noise σ of the most and of the least protected client's
+    releases, as the devices reported it (what the two readings of ε_i are compared by).
+    """
     setting = cell.keys["setting"]
+    noisy = setting != "no noise"
     best = best_entry(summary)
     # 002 reports the model after its R rounds; with R = 10 and no early stop the accuracy
     # is still rising then, and the best-loss round can be round 0 under heavy noise.
     last = last_entry(summary)
-    spends = spends_of(summary)
+    spends = spends_of(summary) if noisy else []
+    per_client = summary.get("privacy", {}).get("per_client", {}).values()
+    sigmas = [float(c["sigma"]) for c in per_client if noisy and c.get("sigma")]
     return {
         **cell.keys,
         "method": AGGREGATIONS[cell.keys["aggregation"]] if setting == "personalized" else "-",
@@ -223,7 +236,10 @@ def measure(cell: Cell, summary: dict[str, Any]) -> dict[str, Any]:
         "val_loss": last["val_loss"], "best_round": best["round"],
         "rounds": summary["rounds_completed"],
         "failures": sum(int(e.get("failures", 0)) for e in summary["history"]),
-        "max_epsilon": max(spends) if spends and setting != "no noise" else None,
+        "max_epsilon": max(spends) if spends else None,
+        "min_epsilon": min(spends) if spends else None,
+        "max_sigma": max(sigmas) if sigmas else None,
+        "min_sigma": min(sigmas) if sigmas else None,
     }
 
 

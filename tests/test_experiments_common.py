@@ -168,7 +168,8 @@ def test_profiles_follow_the_papers_where_asked() -> None:
 
 def test_quick_budgets_are_the_readable_ones_of_each_reading() -> None:
     # The quick profile compares A, B and C at budgets where A learns; each reading gets its
-    # own (the composed totals of the per-release budgets), the sign panel runs A and C.
+    # own (composed: round totals at or below what the per-release budgets compose to), the
+    # sign panel runs A and C.
     specs = personalized_budgets.specs("quick", [0, 1, 2, 3, 4])
     asked = {(panel, accounting, budgets, agg) for panel, accounting, setting, budgets, agg, *_
              in specs if setting == "personalized"}

@@ -13,6 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from experiments.report import ORDER, RAW_DIR, not_regenerated, render
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
@@ -63,11 +65,41 @@ def test_changing_a_committed_raw_value_changes_the_report(tmp_path: Path) -> No
         shutil.copy2(RAW / name / "results.csv", path)
 
 
+@pytest.mark.parametrize("column", ["accuracy", "max_epsilon", "min_epsilon", "max_sigma",
+                                    "min_sigma"])
+def test_the_budgets_section_follows_each_column_it_reads(tmp_path: Path, column: str) -> None:
+    # Prepare: the personalized-budgets section compares the two readings of ε_i by the
+    # clients' spends and noise as well as by accuracy; a copy of the raw files with one
+    # `per-round` run's value of that column changed to 7 times itself plus 1.
+    committed = DOC.read_text(encoding="utf-8")
+    raw = tmp_path / RAW_DIR
+    shutil.copytree(RAW, raw)
+    path = raw / "personalized-budgets" / "results.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    row = next(r for r in rows if r["accounting"] == "per-round" and _is_number(r[column]))
+    row[column] = f"{float(row[column]) * 7 + 1:.6g}"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+    # Execute
+    text = render(raw, committed)
+
+    # Assert: only that section changed, and it did.
+    section = "## personalized-budgets\n"
+    assert text != committed, f"changing a per-round run's {column} changed nothing"
+    assert text.split(section)[0] == committed.split(section)[0]
+    assert text.split("\n## dlg\n")[1] == committed.split("\n## dlg\n")[1]
+
+
 def _shown_numeric_column(name: str, rows: list[list[str]]) -> int:
     """The column whose change the report must show: a measured value, not a key."""
     measured = {"dlg": "psnr", "scale": "rounds_per_minute", "synthetic-ablation": "max_dist",
                 "empirical-privacy": "epsilon_lb", "leakage": "max_spend",
-                "accuracy-vs-nu": "accuracy", "mia": "auc_noisy"}
+                "accuracy-vs-nu": "accuracy", "mia": "auc_noisy",
+                "personalized-budgets": "accuracy"}
     header = rows[0]
     return header.index(measured[name]) if measured.get(name) in header else next(
         i for i, v in enumerate(rows[1]) if _is_number(v))
@@ -83,7 +115,7 @@ def _is_number(text: str) -> bool:
 
 #: The sections of docs/RESULTS.md whose raw files are not committed yet: kept from the last
 #: report made from uncommitted runs, each marked at its top as not regenerated.
-NOT_YET_REGENERATED = ["personalized-budgets", "small-federations"]
+NOT_YET_REGENERATED = ["small-federations"]
 
 
 def test_sections_not_regenerated_are_marked_and_listed_here() -> None:
