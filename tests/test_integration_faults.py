@@ -245,10 +245,17 @@ def test_a_dead_serverapp_ends_the_launch_at_once_with_its_reason(
 
     killed: list[float] = []
 
+    def command(p: psutil.Process) -> list[str]:
+        # A child that has just exited (a ClientApp) may be a zombie, or gone, by now.
+        try:
+            return p.cmdline()[:2]
+        except psutil.Error:
+            return []
+
     def kill_serverapp(line: str, fed: Federation) -> None:
         if "[gpfl] round 1/" in line and not killed:
             apps = [p for p in psutil.Process().children(recursive=True)
-                    if any(Path(part).name == "flwr-serverapp" for part in p.cmdline()[:2])]
+                    if any(Path(part).name == "flwr-serverapp" for part in command(p))]
             assert len(apps) == 1
             apps[0].kill()
             killed.append(time.monotonic())
