@@ -37,6 +37,8 @@ EXPERIMENTS: dict[str, str] = {
     "empirical-privacy": "experiments.empirical_privacy",
     "mia": "experiments.mia",
     "small-federations": "experiments.small_federations",
+    "digits-server-update": "experiments.digits_server_update",
+    "rogue-devices": "experiments.rogue_devices",
     "record-clipping": "experiments.record_clipping",
 }
 COMMANDS = (*EXPERIMENTS, "all", "report")

@@ -76,19 +76,22 @@ COLUMNS = ("devices", "arm", "seed", "rounds",
            "reach_round", "collapsed", "spend_median", "spend_max")
 
 
-class _Manager:
+class Manager:
     """The connected devices of an in-process federation (what the strategy asks Flower's)."""
 
     def __init__(self, cids: list[str]) -> None:
         self.clients = {cid: NodeProxy(cid) for cid in cids}
 
     def all(self) -> dict[str, NodeProxy]:
+        """Return every connected device by node id."""
         return dict(self.clients)
 
     def num_available(self) -> int:
+        """Return how many devices are connected."""
         return len(self.clients)
 
     def wait_for(self, num_clients: int, timeout: int) -> bool:
+        """Return at once: every device is connected from the start."""
         return len(self.clients) >= num_clients
 
 
@@ -110,7 +113,9 @@ def build_strategy(settings: RunSettings) -> ClusteredStrategy:
         clients_per_round=settings.clients_per_round, min_replies=settings.min_replies,
         round_timeout=settings.round_timeout, aggregation=settings.aggregation,
         evaluate_fn=lambda h: task.evaluate(h, validation), eval_every=settings.eval_every,
-        patience=settings.patience, rng=rng, server_update=settings.server_update)
+        patience=settings.patience, rng=rng, server_update=settings.server_update,
+        cluster_aggregator=settings.values["cluster-aggregator"],
+        persistence_threshold=settings.values["persistence-threshold"])
 
 
 def build_clients(config: Mapping[str, Any], devices: int, ledger_dir: Path
@@ -127,7 +132,7 @@ def build_clients(config: Mapping[str, Any], devices: int, ledger_dir: Path
 
 
 def play_round(strategy: ClusteredStrategy, clients: Mapping[str, GpflClient], t: int,
-               parameters: Any, manager: _Manager) -> Any:
+               parameters: Any, manager: Manager) -> Any:
     """Play round ``t`` as Flower's ``Server.fit`` does; return the parameters after it."""
     results = []
     for proxy, ins in strategy.configure_fit(t, parameters, manager):  # type: ignore[arg-type]
@@ -165,7 +170,7 @@ def federate(devices: int, seed: int, rounds: int, arm: Mapping[str, Any],
     strategy = build_strategy(settings)
     optima = np.asarray([[5.0, 6.0], [4.0, -4.5]])
     clients = build_clients(config, devices, ledger_dir)
-    manager = _Manager(list(clients))
+    manager = Manager(list(clients))
     parameters = strategy.initialize_parameters(manager)  # type: ignore[arg-type]
     assert parameters is not None  # the strategy always holds its hypotheses
     strategy.evaluate(0, parameters)

@@ -215,13 +215,13 @@ _DECLARATIONS: tuple[Setting, ...] = (
     # -- robust aggregation ----------------------------------------------------------------------
     # What a cluster becomes when some of its members may lie (strategies.robust). The default
     # stays the papers' plain mean, which every reproduction and the quickstart were measured
-    # with; docs/RESULTS.md ("Rogue devices") measures the others: clipped-mean was closer to
-    # the optima without rogues at 10 devices, and none keeps both optima against an adaptive
-    # rogue at nu = 5.
+    # with; docs/RESULTS.md ("rogue-devices") measures clipped-mean with the persistence test
+    # against adaptive rogues.
     Setting("cluster-aggregator", str, "mean",
             "what each cluster becomes: the (budget-weighted) mean of its releases, that mean "
-            "with each release clipped to the round's median distance, or a coordinate-wise "
-            "median, trimmed mean or multi-Krum", group="aggregation",
+            "with each release clipped to its cluster's median distance (at most 3 times the "
+            "round's), or a coordinate-wise median, trimmed mean or multi-Krum",
+            group="aggregation",
             choices=CLUSTER_AGGREGATORS),
     # Across rounds (strategies.persistence): post-processing of the releases the server holds.
     Setting("persistence-threshold", float, 0.0,
@@ -248,8 +248,9 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "plateau: the factor the step is multiplied by at each stall", group="aggregation",
             minimum=0.0, maximum=1.0, open_minimum=True),
     Setting("reseed-after", int, 0,
-            "re-seed a hypothesis that drew no release for this many rounds by splitting the "
-            "largest cluster (0 = never)", group="aggregation", minimum=0),
+            "re-seed a hypothesis that drew no release (under a robust cluster-aggregator: too "
+            "few to move it) for this many rounds by splitting the largest cluster (0 = never)",
+            group="aggregation", minimum=0),
     # -- tasks -----------------------------------------------------------------------------------
     Setting("data-seed", int, 0, "generates or splits the task's data (public)", group="tasks",
             minimum=0),

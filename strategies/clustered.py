@@ -44,7 +44,7 @@ from strategies.persistence import Persistence, set_aside_persistent
 from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
-from strategies.robust import check_cluster_aggregator, cluster_and_aggregate
+from strategies.robust import check_cluster_aggregator, cluster_and_aggregate, trimmed
 from strategies.sampling import check_sampling, responsive, sample_devices
 from strategies.server_update import ServerUpdate
 
@@ -173,8 +173,7 @@ class ClusteredStrategy(RecordedStrategy):
 
         super().__init__(evaluate_fn=evaluate_fn, eval_every=eval_every, patience=patience,
                          on_round=on_round, divergence=divergence)
-        self.clients_per_round = clients_per_round
-        self.min_replies = min_replies
+        self.clients_per_round, self.min_replies = clients_per_round, min_replies
         self.round_timeout = round_timeout
         self.release = release
         self.aggregation = check_aggregation(aggregation)
@@ -184,6 +183,7 @@ class ClusteredStrategy(RecordedStrategy):
         self.keep_released = keep_released
         self.server_update = server_update or ServerUpdate()
         self._reseeded: dict[int, int] = {}  # hypothesis -> round of its last re-seeding
+        self._inert = None if self.cluster_aggregator == "mean" else trimmed  # (m) -> c
         self._fit_config: dict[str, Scalar] = fit_config
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
@@ -331,7 +331,7 @@ class ClusteredStrategy(RecordedStrategy):
                 released, sigmas, self._flat, aggregation=self.aggregation,
                 cluster_aggregator=self.cluster_aggregator, rng=self._rng)
             new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
-                                                   self.history, t, self._reseeded)
+                                                   self.history, t, self._reseeded, self._inert)
         if kept is None and not np.isfinite(new_flat).all():
             # Unreachable with screened replies (see strategies.norms); a last guard that the
             # hypotheses never hold a NaN or an inf.

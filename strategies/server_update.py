@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,7 +135,8 @@ class ServerUpdate:
 
     def apply(self, hypotheses: np.ndarray, means: np.ndarray, released: np.ndarray,
               labels: np.ndarray, history: Sequence[RoundRecord], round: int,
-              reseeded: dict[int, int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+              reseeded: dict[int, int], inert: Callable[[int], int] | None = None
+              ) -> tuple[np.ndarray, list[tuple[int, int]]]:
         """Return this round's new hypotheses and the splits made (``(live, dead)`` pairs).
 
         Parameters
@@ -152,6 +153,10 @@ class ServerUpdate:
             The round each hypothesis was last re-seeded in; updated in place. The rounds up to
             a re-seeding count neither towards the hypothesis being dead again nor towards the
             annealing (after a split the hypotheses travel again with the full step).
+        inert : callable, optional
+            ``inert(m)``: the largest cluster of a round of m releases that leaves its
+            hypothesis where it was (a robust aggregator's small-cluster rule,
+            :func:`strategies.robust.trimmed`); such a cluster counts as empty for re-seeding.
         """
         new = step_towards(hypotheses, means, self.eta(round, _since_split(history, reseeded)))
         if self.reseed_after == 0:
@@ -159,13 +164,14 @@ class ServerUpdate:
         k = hypotheses.shape[0]
         rounds = [(r.round, r.cluster_sizes) for r in history if r.round > 0 and r.kept is None]
         rounds.append((round, np.bincount(labels, minlength=k).tolist()))
-        dead = dead_hypotheses(rounds, self.reseed_after, reseeded)
+        dead = dead_hypotheses(rounds, self.reseed_after, reseeded, inert)
         if not dead:
             return new, []
-        new, splits = reseed(new, released, labels, dead)
+        new, splits = reseed(new, released, labels, dead, robust=inert is not None)
         for live, gone in splits:
             reseeded[live] = reseeded[gone] = round
-            _LOG.info("round %d: hypothesis %d drew no release for %d rounds; re-seeded by "
+            _LOG.info("round %d: hypothesis %d drew no release that moves it for %d rounds; "
+                      "re-seeded by "
                       "splitting hypothesis %d's cluster", round, gone, self.reseed_after, live)
         return new, splits
 
@@ -268,7 +274,8 @@ def step_towards(hypotheses: np.ndarray, means: np.ndarray, eta: float) -> np.nd
 
 
 def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
-                    reseeded: dict[int, int] | None = None) -> list[int]:
+                    reseeded: Mapping[int, int] | None = None,
+                    inert: Callable[[int], int] | None = None) -> list[int]:
     """Return the hypotheses whose cluster was empty in each of the last ``after`` rounds.
 
     Parameters
@@ -279,6 +286,11 @@ def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
         How many rounds make a hypothesis dead (0: none ever is).
     reseeded : dict of int to int, optional
         The round each hypothesis was last re-seeded in: only later rounds count for it.
+    inert : callable, optional
+        ``inert(m)``: a cluster of at most this many of a round's m releases counts as empty
+        (it did not move its hypothesis). Under a robust aggregator a rogue's release keeps
+        the hypothesis that no honest device chooses from ever being empty, and the small-cluster
+        rule keeps it where it is: without this, it would never be re-seeded.
     """
     if after <= 0:
         return []
@@ -287,18 +299,24 @@ def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
     dead = []
     for j in range(k):
         since = reseeded.get(j, 0)
-        recent = [sizes[j] for t, sizes in rounds if t > since][-after:]
-        if len(recent) == after and not any(recent):
+        recent = [(sizes[j], sum(sizes)) for t, sizes in rounds if t > since][-after:]
+        if len(recent) == after and all(
+                size <= (inert(m) if inert is not None else 0) for size, m in recent):
             dead.append(j)
     return dead
 
 
-def split_cluster(released: np.ndarray, centre: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def split_cluster(released: np.ndarray, centre: np.ndarray, *, robust: bool = False
+                  ) -> tuple[np.ndarray, np.ndarray]:
     """Return two new centres ``centre ∓ s·v`` from a cluster's releases (at least two).
 
     ``v`` is the unit principal axis of the releases (their largest-variance direction) and
     ``s`` the standard deviation of the releases along it; the sign of ``v`` is fixed so that its
     largest-magnitude coordinate is positive (the result does not depend on the SVD's sign).
+    ``robust``: each release's offset from ``centre`` is first clipped to the lower median of
+    those offsets' norms, so that a minority of far releases (a rogue's, accepted by the
+    screening at up to 1000 times the round's median distance) cannot throw both halves that
+    far: without it, two rogues' releases in the cluster sent both hypotheses ~1,000 away.
 
     Returns
     -------
@@ -306,6 +324,12 @@ def split_cluster(released: np.ndarray, centre: np.ndarray) -> tuple[np.ndarray,
         ``(centre - s·v, centre + s·v)``, float32.
     """
     x = np.asarray(released, dtype=np.float64)
+    if robust:
+        c = np.asarray(centre, dtype=np.float64)
+        offsets = x - c
+        norms = np.linalg.norm(offsets, axis=1)
+        radius = float(np.sort(norms)[(norms.size - 1) // 2])
+        x = c + offsets * np.minimum(1.0, radius / np.maximum(norms, 1e-300))[:, None]
     centred = x - x.mean(axis=0)
     _, singular, vt = np.linalg.svd(centred, full_matrices=False)
     v = vt[0]
@@ -317,7 +341,8 @@ def split_cluster(released: np.ndarray, centre: np.ndarray) -> tuple[np.ndarray,
 
 
 def reseed(hypotheses: np.ndarray, released: np.ndarray, labels: np.ndarray,
-           dead: Sequence[int]) -> tuple[np.ndarray, list[tuple[int, int]]]:
+           dead: Sequence[int], *, robust: bool = False
+           ) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Re-seed each dead hypothesis by splitting the largest cluster of this round.
 
     Parameters
@@ -328,6 +353,8 @@ def reseed(hypotheses: np.ndarray, released: np.ndarray, labels: np.ndarray,
         This round's releases (m, n) and their clusters (m,).
     dead : sequence of int
         The dead hypotheses (:func:`dead_hypotheses`).
+    robust : bool
+        Split with clipped offsets (:func:`split_cluster`): under a robust cluster-aggregator.
 
     Returns
     -------
@@ -344,7 +371,8 @@ def reseed(hypotheses: np.ndarray, released: np.ndarray, labels: np.ndarray,
         live = int(np.argmax(sizes))
         if sizes[live] < 2:
             break
-        new[live], new[j] = split_cluster(released[labels == live], hypotheses[live])
+        new[live], new[j] = split_cluster(released[labels == live], hypotheses[live],
+                                          robust=robust)
         sizes[live] = 0  # not split twice in one round
         splits.append((live, j))
     return new, splits

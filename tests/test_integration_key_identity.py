@@ -1,11 +1,13 @@
 """Over real Flower processes with SuperNode authentication: a device is its key.
 
 One federation (``gpfl launch --auth``: TLS, a registered key per SuperNode, ``node-identity =
-"key"``), 3 SuperNodes. Once round 1 is recorded, SuperNode 1 crashes (its process tree killed)
-and is started again at once with the same key, while its dead registration is still online;
-at the same moment a fourth SuperNode, with a key of its own (registered too), announces
-SuperNode 1's name. The restarted device comes back under its key's node id and its replies
-count; the fourth is never asked to train, so it charges nothing.
+"key"``), 3 SuperNodes. It checks the launch itself too: every connection encrypted, every
+SuperNode authenticated with a key the launcher made and registered. Once round 1 is recorded,
+SuperNode 1 crashes (its process tree killed) and is started again at once with the same key,
+while its dead registration is still online; at the same moment a fourth SuperNode, with a key
+of its own (registered too), announces SuperNode 1's name. The restarted device comes back under
+its key's node id and its replies count; the fourth is never asked to train, so it charges
+nothing.
 
 Kept small: a round costs ~6-12 s here, the heartbeat window up to 60 s; a device that missed
 three rounds rests seven (strategies.sampling), hence 18 rounds.
@@ -60,6 +62,13 @@ def test_a_restarted_authenticated_device_counts_under_its_key_and_an_impostor_i
         on_line=chaos,
     )
 
+    # Assert: `gpfl launch --auth` ran encrypted and authenticated, with keys it made.
+    logs = out / "logs"
+    superlink = (logs / "superlink.log").read_text(errors="replace")
+    assert "--insecure" not in superlink and "authentication is disabled" not in superlink
+    for i in range(3):
+        assert "SuperNode ID" in (logs / f"supernode-{i}.log").read_text(errors="replace")
+        assert (out / "certs" / "supernodes" / f"supernode-{i}.key.pub").is_file()
     # Assert: the dead registration was asked and missed at least once (the restart fell
     # within the heartbeat window).
     assert events == ["restarted"]

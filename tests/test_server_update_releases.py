@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from experiments.small_federations import (
-    _Manager,
+    Manager,
     build_clients,
     build_strategy,
     play_round,
@@ -58,7 +58,7 @@ def test_the_update_consumes_the_releases_only(tmp_path: Path, arm: dict[str, An
             calls.append((cid, out[0], dict(cfg)))
             return out
         client.fit = spy  # type: ignore[method-assign,assignment]
-    manager = _Manager(list(clients))
+    manager = Manager(list(clients))
     parameters = strategy.initialize_parameters(manager)  # type: ignore[arg-type]
     assert parameters is not None
     strategy.evaluate(0, parameters)

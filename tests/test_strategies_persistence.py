@@ -1,7 +1,7 @@
 """The persistence test: honest noise averages out over rounds, a push does not.
 
-Seeded statistical tests on synthetic residuals (no federation); tests/rogues.py measures the
-test against an adaptive rogue in federations of real clients.
+Seeded statistical tests on synthetic residuals (no federation); experiments/rogue_devices.py
+measures the test against an adaptive rogue in federations of real clients.
 """
 
 from __future__ import annotations

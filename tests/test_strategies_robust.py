@@ -1,7 +1,7 @@
 """Robust cluster aggregators (strategies.robust) and the screening a rogue cannot inflate.
 
-The adaptive rogue of tests/rogues.py sends, each round, the largest release the screening
-accepts; these tests check what one such release does, in process, per round.
+The adaptive rogue of experiments/rogue_devices.py sends, each round, the largest release the
+screening accepts; these tests check what one such release does, in process, per round.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from experiments.rogue_devices import largest_accepted
 from strategies import ClusteredStrategy
 from strategies.norms import NormLimits, screen_norms
-from strategies.robust import robust_cluster_aggregates, trimmed
-from tests.rogues import largest_accepted
+from strategies.robust import cluster_radius, robust_cluster_aggregates, trimmed
 from tests.test_strategies_clustered import hyp, one_layer, reply, results_of
 from tests.test_strategies_norms import NO_SIGMA, laplace_releases
 
@@ -51,6 +51,39 @@ def test_robust_aggregates_by_hand() -> None:
     assert robust_cluster_aggregates(rows, labels, one, "krum")[0, 0] == pytest.approx(3.25)
     # Two releases: their mean.
     assert robust_cluster_aggregates(rows[:2], labels[:2], one, "median")[0, 0] == 0.5
+
+
+def test_clipped_mean_clips_to_the_clusters_own_median_capped_at_three_rounds() -> None:
+    # Offsets 0, 1, 2, 10, 100 from 0: the cluster's lower median norm is 2, so 10 and 100 are
+    # clipped to 2: mean (0 + 1 + 2 + 2 + 2) / 5 = 1.4 (with the round's radius 10: 4.6).
+    rows = np.array([[0.0], [1.0], [2.0], [10.0], [100.0]], F32)
+    labels = np.zeros(5, dtype=np.intp)
+    one = np.zeros((1, 1), F32)
+
+    assert robust_cluster_aggregates(rows, labels, one, "clipped-mean", 10.0)[0, 0] == \
+        pytest.approx(1.4)
+    # The cap: with the round's radius 0.5 the cluster's radius is at most 1.5: (0+1+1.5·3)/5.
+    assert robust_cluster_aggregates(rows, labels, one, "clipped-mean", 0.5)[0, 0] == \
+        pytest.approx(1.1)
+    # Fewer than three releases: the round's radius.
+    assert cluster_radius(np.array([7.0, 9.0]), 2.0) == 2.0
+    assert cluster_radius(np.array([3.0, 1.0, 2.0, 8.0]), 10.0) == 2.0
+    assert cluster_radius(np.array([3.0, 1.0, 2.0, 8.0]), 0.5) == 1.5
+
+
+def test_a_far_cluster_moves_at_its_own_scale() -> None:
+    # Cluster 0 settled (offsets 0.1), cluster 1 far from its group (offsets 3 along x): clipped
+    # to the round's median distance (0.1) hypothesis 1 would move 0.1; its own radius, 3,
+    # capped at 3 × 0.1, lets it move 0.3.
+    hyps = np.array([[0.0, 0.0], [10.0, 0.0]], F32)
+    rows = np.array([[0.1, 0.0], [0.0, 0.1], [-0.1, 0.0], [0.0, -0.1], [0.1, 0.0],
+                     [13.0, 0.0], [13.0, 0.0], [13.0, 0.0]], F32)
+    labels = np.array([0, 0, 0, 0, 0, 1, 1, 1], dtype=np.intp)
+
+    out = robust_cluster_aggregates(rows, labels, hyps, "clipped-mean", 0.1)
+
+    np.testing.assert_allclose(out[1], [10.3, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(out[0], rows[:5].mean(axis=0), atol=1e-7)
 
 
 def test_an_unknown_aggregator_names_the_setting() -> None:

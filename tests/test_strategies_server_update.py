@@ -14,6 +14,7 @@ from server.quickstart import QUICKSTART_RUN_CONFIG, quickstart_run_config
 from server.settings import RunSettings
 from settings import SettingError, federation_defaults
 from strategies.records import RoundRecord
+from strategies.robust import trimmed
 from strategies.server_update import (
     ServerUpdate,
     anneal_start,
@@ -185,6 +186,20 @@ def test_split_cluster_goes_one_standard_deviation_along_the_principal_axis() ->
     np.testing.assert_allclose(split_cluster(released[::-1], np.array([3, 1], F32))[0], low)
 
 
+def test_a_robust_split_is_not_thrown_by_a_minority_of_far_releases() -> None:
+    # Around (4, 0): offsets -2, 0, 2 and two rogues' at 996. Clipped to the lower median norm 2:
+    # -2, 0, 2, 2, 2 (mean 0.8), s² = (2.8² + 0.8² + 3 · 1.2²) / 4 = 3.2. Unclipped, s ≈ 545.
+    released = np.array([[2, 0], [4, 0], [6, 0], [1000, 0], [1000, 0]], np.float32)
+    centre = np.array([4, 0], np.float32)
+
+    low, high = split_cluster(released, centre, robust=True)
+    wide, _ = split_cluster(released, centre)
+
+    s = math.sqrt(3.2)
+    np.testing.assert_allclose([low, high], [[4 - s, 0], [4 + s, 0]], rtol=1e-6)
+    assert np.linalg.norm(wide - centre) > 500
+
+
 def test_reseed_splits_the_largest_cluster_and_needs_two_releases() -> None:
     # Hypothesis 1 is dead; cluster 0 holds the 4 releases of the test above.
     h = np.array([[3, 1], [50, 50]], F32)
@@ -219,6 +234,24 @@ def test_the_strategy_reseeds_a_hypothesis_no_release_reaches() -> None:
     np.testing.assert_allclose(one_layer(strategy), [[3 - s, 0], [3 + s, 0]], rtol=1e-6)
 
 
+def test_under_the_median_a_hypothesis_held_by_one_release_is_reseeded() -> None:
+    # Five releases along the x axis join hypothesis 0 = (0, 0); one (a rogue's) lands by
+    # hypothesis 1 = (100, 100): a cluster of 1 <= trimmed(6) = 2, which the median leaves
+    # where it is. Round 1: h0 = the median (4, 0). Round 2: hypothesis 1 has not moved for 2
+    # rounds → cluster 0 is split around (4, 0), offsets clipped to their lower median norm 2:
+    # -2, -2, 0, 2, 2, so s² = 16 / 4 = 4.
+    strategy = make(hyp([0, 0], [100, 100]), clients_per_round=6, cluster_aggregator="median",
+                    server_update=ServerUpdate("mean", reseed_after=2))
+    replies = [reply(v) for v in ([0, 0], [2, 0], [4, 0], [6, 0], [8, 0], [100, 101])]
+
+    strategy.aggregate_fit(1, results_of(replies), [])
+    strategy.evaluate(1, None)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(one_layer(strategy), [[4, 0], [100, 100]])
+    strategy.aggregate_fit(2, results_of(replies), [])
+
+    np.testing.assert_allclose(one_layer(strategy), [[2, 0], [6, 0]], rtol=1e-6)
+
+
 def test_the_strategy_anneals_once_the_validation_stalls() -> None:
     # Validation loss 5, 4, 4.5, 4.5: anneal-after 2 starts at round 3; round 4's step is
     # 1 / (1 + (4 - 3) / 1) = 0.5: h = (0, 0), mean (2, 2) → (1, 1).
@@ -247,3 +280,13 @@ def test_the_server_app_gives_the_strategy_the_run_configs_update(tmp_path) -> N
     # The app's defaults: the papers' update.
     components, _ = build_components({**federation_defaults(), "out-dir": str(tmp_path / "b")})
     assert components.server.strategy.server_update == ServerUpdate()  # type: ignore
+
+
+def test_under_a_robust_aggregator_a_cluster_too_small_to_move_counts_as_empty() -> None:
+    # Hypothesis 1 holds one release a round (a rogue's, say): never empty, so the plain rule
+    # never re-seeds it; with trimmed(10) = 2 a cluster of one or two leaves it where it was.
+    rounds = [(1, [9, 1]), (2, [8, 2]), (3, [9, 1])]
+
+    assert dead_hypotheses(rounds, 3) == []
+    assert dead_hypotheses(rounds, 3, inert=trimmed) == [1]
+    assert dead_hypotheses([*rounds[:2], (3, [7, 3])], 3, inert=trimmed) == []  # 3 > 2 moves it

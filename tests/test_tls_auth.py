@@ -9,12 +9,14 @@ A SuperLink and three SuperNodes on this machine run Flower's own FedAvg app
 * authentication on, one SuperNode's key unregistered: it is refused when it
   activates, and the run finishes with the two registered ones.
 
+``gpfl launch --auth`` (keys made and registered, the gpfl app over TLS) runs in
+tests/test_integration_key_identity.py, whose federation checks it too.
+
 Each test ends with no process of its own left running.
 """
 
 from __future__ import annotations
 
-import gc
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -151,26 +153,3 @@ def test_unregistered_key_is_refused_and_run_goes_on(federation: Federation,
     run_to_end(fed, clients=2)
     assert served(fed, 0) and served(fed, 1)
     assert not served(fed, 2)
-
-
-# launch() leaves its Popen objects unreaped in Python's eyes (ProcessSet reaps
-# them through psutil): their ResourceWarnings are collected here, inside the test.
-@pytest.mark.filterwarnings("ignore::ResourceWarning",
-                            "ignore::pytest.PytestUnraisableExceptionWarning")
-def test_launch_with_auth_runs_encrypted_and_authenticated(tmp_path: Path) -> None:
-    """``gpfl launch --auth``: keys made, registered, and the gpfl app runs its rounds."""
-    from server.launcher import launch
-
-    before = _descendants()
-    result = launch(supernodes=3, auth=True, out_dir=tmp_path / "run", echo=lambda _: None,
-                    run_config={"num-rounds": ROUNDS, "clients-per-round": 3}, timeout=100)
-    assert result.summary["rounds_completed"] == ROUNDS
-    assert not _descendants() - before
-    logs = tmp_path / "run" / "logs"
-    superlink = (logs / "superlink.log").read_text()
-    assert "--insecure" not in superlink and "authentication is disabled" not in superlink
-    for i in range(3):
-        assert "SuperNode ID" in (logs / f"supernode-{i}.log").read_text()
-        assert (tmp_path / "run" / "certs" / "supernodes" / f"supernode-{i}.key.pub").is_file()
-    del result
-    gc.collect()
