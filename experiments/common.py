@@ -197,6 +197,24 @@ class Context:
         summary["_wall_s"] = wall
         return summary
 
+    def cached(self, experiment: str, stem: str, keyed: Mapping[str, Any],
+               compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Return an in-process federation's result from the cache, or compute and keep it.
+
+        The file is ``<cache>/<experiment>/<stem>-<hash of keyed>.json``; ``--fresh`` computes
+        again. A result read back carries ``_cached``.
+        """
+        key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
+        path = self.cache / experiment / f"{stem}-{key}.json"
+        if not self.fresh and path.is_file():
+            self.reused += 1
+            return {**json.loads(path.read_text(encoding="utf-8")), "_cached": True}
+        result = compute()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result), encoding="utf-8")
+        self.launched += 1
+        return result
+
     def launch(self, spec: FederationSpec, echo: Callable[[str], None] | None = None
                ) -> dict[str, Any]:
         """Launch one federation in a fresh run directory, past the cache; return its summary.

@@ -22,8 +22,6 @@ mean) and *robust* (``cluster-aggregator = clipped-mean``, ``persistence-thresho
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 import tempfile
@@ -284,18 +282,10 @@ def _perform(ctx: Context, cell: Cell) -> dict[str, Any]:
     """Run one federation, or read it from the cache (keyed by its settings)."""
     k = cell.keys
     config = run_config(k["seed"], k["rounds"], ARMS[k["arm"]], "-")
-    key = hashlib.sha256(json.dumps({**config, "rogues": k["rogues"]}, sort_keys=True)
-                         .encode()).hexdigest()[:12]
-    path = ctx.cache / NAME / f"{k['arm']}-{k['rogues']}-{k['seed']}-{key}.json"
-    if not ctx.fresh and path.is_file():
-        ctx.reused += 1
-        return dict(json.loads(path.read_text(encoding="utf-8")))
-    result = run_federation(k["seed"], rogues=k["rogues"], arm=ARMS[k["arm"]],
-                            rounds=k["rounds"])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result), encoding="utf-8")
-    ctx.launched += 1
-    return result
+    return ctx.cached(NAME, f"{k['arm']}-{k['rogues']}-{k['seed']}",
+                      {**config, "rogues": k["rogues"]},
+                      lambda: run_federation(k["seed"], rogues=k["rogues"], arm=ARMS[k["arm"]],
+                                             rounds=k["rounds"]))
 
 
 def _measure(cell: Cell, result: Mapping[str, Any]) -> dict[str, Any]:

@@ -27,8 +27,6 @@ quick profile runs 100 devices for 30 rounds only.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 import tempfile
@@ -203,20 +201,15 @@ def _perform(ctx: Context, cell: Cell) -> dict[str, Any]:
     """Run one federation, or read it from the cache (keyed by its run config)."""
     k = cell.keys
     config = run_config(k["devices"], k["seed"], k["rounds"], ARMS[k["arm"]])
-    key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-    path = ctx.cache / NAME / f"{k['devices']}-{k['arm']}-{k['seed']}-{key}.json"
-    if not ctx.fresh and path.is_file():
-        ctx.reused += 1
-        return {**json.loads(path.read_text(encoding="utf-8")), "_cached": True}
-    # Ledgers in memory where the system offers it: the experiment measures the method, and
-    # every charge syncs the ledger to disk.
-    shm = Path("/dev/shm")
-    with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-        result = federate(k["devices"], k["seed"], k["rounds"], ARMS[k["arm"]], Path(tmp))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result), encoding="utf-8")
-    ctx.launched += 1
-    return result
+
+    def compute() -> dict[str, Any]:
+        # Ledgers in memory where the system offers it: the experiment measures the method,
+        # and every charge syncs the ledger to disk.
+        shm = Path("/dev/shm")
+        with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
+            return federate(k["devices"], k["seed"], k["rounds"], ARMS[k["arm"]], Path(tmp))
+
+    return ctx.cached(NAME, f"{k['devices']}-{k['arm']}-{k['seed']}", config, compute)
 
 
 def _measure(cell: Cell, result: Mapping[str, Any]) -> dict[str, Any]:

@@ -77,8 +77,8 @@ from strategies.aggregation import cluster_means
 from strategies.clustering import assign_clusters, nearest_hypothesis
 
 __all__ = ["CLIP_CAP", "CLUSTER_AGGREGATORS", "ROBUST_FRACTION", "check_cluster_aggregator",
-           "cluster_and_aggregate", "cluster_radius", "robust_cluster_aggregates",
-           "robust_clusters", "trimmed"]
+           "clip_offsets", "cluster_and_aggregate", "cluster_radius", "lower_median",
+           "robust_cluster_aggregates", "robust_clusters", "trimmed"]
 
 #: The share of a cluster the trimmed mean and Krum assume may lie (rounded up): 1 in 5.
 ROBUST_FRACTION = 0.2
@@ -112,8 +112,7 @@ def _one_cluster(rows: np.ndarray, method: str, anchor: np.ndarray, radius: floa
     if method == "clipped-mean":
         offsets = rows.astype(np.float64) - anchor
         norms = np.linalg.norm(offsets, axis=1)
-        shrink = np.minimum(1.0, cluster_radius(norms, radius) / np.maximum(norms, 1e-300))
-        return anchor + (offsets * shrink[:, None]).mean(axis=0)
+        return anchor + clip_offsets(offsets, norms, cluster_radius(norms, radius)).mean(axis=0)
     if m <= 2:
         return rows.astype(np.float64).mean(axis=0)
     results = [([row.astype(np.float64)], 1) for row in rows]
@@ -129,6 +128,17 @@ def _one_cluster(rows: np.ndarray, method: str, anchor: np.ndarray, radius: floa
     raise AssertionError(method)  # checked by robust_cluster_aggregates
 
 
+def lower_median(norms: np.ndarray) -> float:
+    """Return the lower median of a non-empty vector (a value it holds: one rank per outlier)."""
+    return float(np.sort(norms)[(norms.size - 1) // 2])
+
+
+def clip_offsets(offsets: np.ndarray, norms: np.ndarray, radius: float | np.ndarray
+                 ) -> np.ndarray:
+    """Return ``offsets`` (rows) each shrunk to norm at most ``radius`` (one, or one per row)."""
+    return offsets * np.minimum(1.0, radius / np.maximum(norms, 1e-300))[:, None]
+
+
 def cluster_radius(norms: np.ndarray, radius: float) -> float:
     """Return a cluster's ``clipped-mean`` radius from its offsets' norms and the round's radius.
 
@@ -137,7 +147,7 @@ def cluster_radius(norms: np.ndarray, radius: float) -> float:
     """
     if norms.size < 3:
         return radius
-    return min(float(np.sort(norms)[(norms.size - 1) // 2]), CLIP_CAP * radius)
+    return min(lower_median(norms), CLIP_CAP * radius)
 
 
 def robust_cluster_aggregates(
@@ -240,9 +250,7 @@ def cluster_and_aggregate(
         by_cluster = np.zeros(hypotheses.shape[0])
         for j in np.unique(labels):
             by_cluster[j] = cluster_radius(norms[labels == j], radius)
-        radii = by_cluster[labels]
-        shrink = np.minimum(1.0, radii / np.maximum(norms, 1e-300))
-        clipped = (anchors + offsets * shrink[:, None]).astype(np.float32)
+        clipped = (anchors + clip_offsets(offsets, norms, by_cluster[labels])).astype(np.float32)
         weighted = cluster_means(clipped, sigmas, labels, hypotheses, aggregation, rng)
         moved = ~np.all(centroids == hypotheses, axis=1)  # the clusters robust_clusters moved
         centroids[moved] = weighted[moved]

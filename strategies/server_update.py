@@ -58,6 +58,7 @@ import numpy as np
 
 from settings import SERVER_UPDATES, SETTINGS  # declared once, with the settings
 from strategies.records import RoundRecord
+from strategies.robust import clip_offsets, lower_median
 
 __all__ = ["MIN_PLATEAU_STEP", "SERVER_UPDATES", "ServerUpdate", "anneal_start",
            "dead_hypotheses", "plateaus", "reseed", "split_cluster", "stall_rounds",
@@ -171,8 +172,8 @@ class ServerUpdate:
         for live, gone in splits:
             reseeded[live] = reseeded[gone] = round
             _LOG.info("round %d: hypothesis %d drew no release that moves it for %d rounds; "
-                      "re-seeded by "
-                      "splitting hypothesis %d's cluster", round, gone, self.reseed_after, live)
+                      "re-seeded by splitting hypothesis %d's cluster", round, gone,
+                      self.reseed_after, live)
         return new, splits
 
 
@@ -296,12 +297,12 @@ def dead_hypotheses(rounds: Sequence[tuple[int, Sequence[int]]], after: int,
         return []
     reseeded = reseeded or {}
     k = len(rounds[-1][1]) if rounds else 0
+    most = inert or (lambda m: 0)
     dead = []
     for j in range(k):
         since = reseeded.get(j, 0)
         recent = [(sizes[j], sum(sizes)) for t, sizes in rounds if t > since][-after:]
-        if len(recent) == after and all(
-                size <= (inert(m) if inert is not None else 0) for size, m in recent):
+        if len(recent) == after and all(size <= most(m) for size, m in recent):
             dead.append(j)
     return dead
 
@@ -328,8 +329,7 @@ def split_cluster(released: np.ndarray, centre: np.ndarray, *, robust: bool = Fa
         c = np.asarray(centre, dtype=np.float64)
         offsets = x - c
         norms = np.linalg.norm(offsets, axis=1)
-        radius = float(np.sort(norms)[(norms.size - 1) // 2])
-        x = c + offsets * np.minimum(1.0, radius / np.maximum(norms, 1e-300))[:, None]
+        x = c + clip_offsets(offsets, norms, lower_median(norms))
     centred = x - x.mean(axis=0)
     _, singular, vt = np.linalg.svd(centred, full_matrices=False)
     v = vt[0]
