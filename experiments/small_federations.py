@@ -16,8 +16,8 @@ decreasing step with ``reseed-after = 3``, the quickstart's before ``plateau``; 
 devices) and ``gpfl`` (the quickstart's ``plateau`` with ``reseed-after = 3``). The fixed step
 (``server-update = step``) is an option the table leaves out. Measured per run: the distance of the
 current (*final*) hypotheses and of the best validation round's (*delivered*) hypotheses to the
-optima (each optimum to its nearest hypothesis, the larger of the two) at 30, 60 and 100
-rounds; the first round whose final hypotheses are within 0.5; *collapse* (some optimum is no
+optima (each optimum to its nearest hypothesis, the larger of the two) at 30, 50, 60 and
+100 rounds; the first round whose final hypotheses are within 0.5; *collapse* (some optimum is no
 hypothesis's nearest: two hypotheses on one group) at the last round; each device's d-privacy
 spend read from its own ledger.
 
@@ -54,7 +54,8 @@ NAME = "small-federations"
 OPTIMA = "5,6;4,-4.5"
 NU = 5.0
 THRESHOLD = 0.5
-HORIZONS = (30, 60, 100)
+#: Rounds at which each run is read; 50 is what the quickstart runs at 16 devices or more.
+HORIZONS = (30, 50, 60, 100)
 ARMS: dict[str, dict[str, Any]] = {
     "papers": {"server-update": "mean"},
     "papers+reseed": {"server-update": "mean", "reseed-after": 3},
@@ -260,10 +261,11 @@ def section(rows: list[dict[str, str]]) -> list[str]:
         "of both optima, k/n = share [Wilson 95 % interval], for the *final* hypotheses / the "
         "*delivered* ones (best validation round).",
         "",
-        "| devices | update | runs | final @30 | final @60 | final @100 | delivered @30 | "
-        "delivered @60 | delivered @100 | rounds to 0.5 (median; never) | collapsed at the "
-        "end | spend per device (median, max) |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| devices | update | runs | "
+        + " | ".join(f"{kind} @{h}" for kind in ("final", "delivered") for h in HORIZONS)
+        + " | rounds to 0.5 (median; never) | collapsed at the end | spend per device "
+        "(median, max) |",
+        "|" + " --- |" * (6 + 2 * len(HORIZONS)),
     ]
     order = list(ARMS)
     for (devices, arm), group in sorted(groups.items(),
@@ -285,8 +287,9 @@ def section(rows: list[dict[str, str]]) -> list[str]:
     return out
 
 
-#: (devices, round, share): how often the final hypotheses of ``gpfl`` should be within 0.5.
-TARGETS = ((20, 60, 0.95), (8, 100, 0.90))
+#: (devices, round, share): how often the final hypotheses of ``gpfl`` should be within 0.5;
+#: (20, 50): the quickstart's own rounds at 20 devices (server/quickstart.py).
+TARGETS = ((20, 60, 0.95), (20, 50, 0.95), (8, 100, 0.90))
 
 
 def _goals(groups: Mapping[tuple[int, str], list[dict[str, str]]]) -> list[str]:

@@ -48,7 +48,7 @@ EXIT_INCOMPLETE = 3
 EXIT_DIVERGED = 4
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
-                       "engine", "app_defaults", "ray_address")
+                       "engine", "app_defaults", "ray_address", "superlink_database")
 
 
 def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
@@ -85,6 +85,7 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "auth": args.auth,
         "simulation": args.engine == "simulation",
         "ray_address": args.ray_address,
+        "superlink_database": args.superlink_database,
     }
 
 
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app-defaults", action="store_true",
                    help="start from the app's run-config defaults (the paper's setting: 7 "
                         "clients a round, one local epoch) instead of the quickstart's (every "
-                        "SuperNode each round, 5 local epochs, the plateau server update, 60 "
+                        "SuperNode each round, 5 local epochs, the plateau server update, 50 "
                         "rounds (100 below 16 SuperNodes); server/quickstart.py)")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
@@ -189,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --engine simulation: run the virtual nodes on the running Ray "
                         "cluster whose head is HOST:PORT instead of a local Ray "
                         "(docs/DEPLOY.md, 'A Ray cluster')")
+    p.add_argument("--superlink-database", action="store_true",
+                   help="keep the SuperLink's state in Flower's database (RUN_DIR/superlink.db): "
+                        "a SuperLink that dies mid-run is started again and the run goes on; "
+                        "rounds take about twice as long (docs/SCALE.md)")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue an incomplete run from its checkpoint, with the federation "
                         "saved in RUN_DIR (same devices, same ledgers); --run-config may add "

@@ -119,6 +119,7 @@ def launch(
     auth: bool = False,
     simulation: bool = False,
     ray_address: str | None = None,
+    superlink_database: bool = False,
     timeout: float = 3600.0,
     echo: Callable[[str], None] = print,
     on_line: Callable[[str, Federation], None] | None = None,
@@ -158,6 +159,13 @@ def launch(
         (default: ``$RAY_ADDRESS``, Ray's own variable, where set).
         The virtual nodes then run on the cluster's nodes, which must have this environment
         installed (same paths) and see the run directory (ledgers, policy) at the same path.
+    superlink_database : bool
+        Keep the SuperLink's state in Flower's persistent database (``<out>/superlink.db``):
+        a SuperLink that dies mid-run is started again on it and the same run goes on. Off by
+        default: Flower's SQLite state makes every request a database transaction, and a round
+        of 20 SuperNodes on 2 cores takes about twice as long (docs/SCALE.md); without it a
+        dead SuperLink ends the run incomplete, and ``--resume`` continues it from the
+        server's checkpoint.
     timeout : float
         Seconds before the run is abandoned (everything is still stopped).
     echo : Callable[[str], None]
@@ -188,6 +196,9 @@ def launch(
     if simulation and ray_address is None:
         # Ray's own variable, as `ray.init()` reads it: the experiments join a cluster this way.
         ray_address = os.environ.get("RAY_ADDRESS") or None
+    if superlink_database and simulation:
+        raise LaunchError("--superlink-database needs real SuperNodes (the Simulation Engine's "
+                          "SuperLink runs its clients itself and is not restarted)")
     if ray_address is not None and not simulation:
         raise LaunchError(f"--ray-address {ray_address!r} needs --engine simulation (Ray runs "
                           "the Simulation Engine's virtual nodes; real SuperNodes need none)")
@@ -232,7 +243,7 @@ def launch(
     save_launch(out, {"supernodes": supernodes, "run_config": config,
                       "node_configs": node_configs, "policy": policy, "app_dir": app_dir,
                       "tls": tls, "auth": auth, "simulation": simulation,
-                      "ray_address": ray_address,
+                      "ray_address": ray_address, "superlink_database": superlink_database,
                       "node_env": node_env})
     policy_file = out / "policy.toml"
     policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()))
@@ -255,11 +266,12 @@ def launch(
         tls_files = make_local_tls(out / "certs")
         if auth:
             keys = make_supernode_keys(out / "certs" / "supernodes", supernodes)
-    # Flower's persistent state in the run directory (a resumed launch starts a fresh one and
-    # keeps the earlier aside): a SuperLink that dies mid-run is started again on it and the
-    # run goes on (see _run). The Simulation Engine's SuperLink runs its clients itself.
+    # With superlink_database, Flower's persistent state in the run directory (a resumed launch
+    # starts a fresh one and keeps the earlier aside): a SuperLink that dies mid-run is started
+    # again on it and the run goes on (see _run). Without, Flower's in-memory state: half the
+    # round time, and a dead SuperLink ends the run incomplete (resumable).
     fed = Federation(workdir=out, tls=tls_files,
-                     database=None if simulation else fresh_database(out))
+                     database=fresh_database(out) if superlink_database else None)
     fed.extra_env.update(cluster_env)
     try:
         return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,

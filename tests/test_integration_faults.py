@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from mechanisms import PrivacyLedger
-from server.launcher import Federation, describe, launch
+from server.launcher import SUPERLINK_DATABASE, Federation, describe, launch
 from server.rundir import ResumeError, resume_arguments
 from tests.conftest import flower_processes, ledger_spend
 
@@ -193,6 +193,8 @@ def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
     assert killed and first.status == "incomplete" and not first.finished
     assert first.died["superlink"] == -signal.SIGKILL
     assert "SuperLink exited" in first.summary["incomplete_reason"]
+    # The default SuperLink keeps its state in memory (no database to start it again on).
+    assert not (out / SUPERLINK_DATABASE).exists()
     assert first.summary["last_round"] == 1
     assert "gpfl launch --resume" in describe(first)
     # The ledgers hold every release, the two of round 2 included: client-0's, charged before

@@ -1,6 +1,7 @@
 """A SuperLink killed mid-round and started again on Flower's persistent state; the run goes on.
 
-``gpfl launch`` runs the SuperLink with ``--database <run dir>/superlink.db``. Its ServerApp and
+``gpfl launch --superlink-database`` runs the SuperLink with ``--database <run dir>/superlink.db``
+(without it, Flower's in-memory state, and a dead SuperLink ends the run). Its ServerApp and
 SuperNodes outlive it and retry their connections, so the launcher starts it again on the same
 ports and database and follows the same run (``flwr log``). Kept small: 2 SuperNodes, 3 rounds.
 """
@@ -40,7 +41,7 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
     result = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=240,
                     run_config={"num-rounds": 3, "clients-per-round": 2, "patience": 0,
                                 "seed": 7},
-                    on_line=kill_superlink)
+                    superlink_database=True, on_line=kill_superlink)
 
     # Assert: the SuperLink died once and the same run (no resume) did all its rounds.
     summary = result.summary

@@ -48,3 +48,26 @@ def test_a_truncated_checkpoint_is_refused_before_the_federation_starts(tmp_path
 
     with pytest.raises(ResumeError, match=r"is not a readable checkpoint.*start the run anew"):
         resume_arguments(run)
+
+
+def test_a_superlink_database_on_the_simulation_engine_is_refused_at_start(
+        tmp_path: Path) -> None:
+    with pytest.raises(LaunchError, match="--superlink-database needs real SuperNodes"):
+        launch(supernodes=2, out_dir=tmp_path / "run", simulation=True,
+               superlink_database=True, echo=lambda _: None)
+    assert flower_processes() == []
+
+
+def test_the_superlink_keeps_its_state_in_a_database_only_when_asked() -> None:
+    # Flower's SQLite state doubles a round of 20 SuperNodes on 2 cores: opt-in, and a
+    # federation option that --resume takes from the run directory (not given again).
+    from server.cli import _FEDERATION_OPTIONS, _launch_arguments, build_parser
+
+    parser = build_parser()
+    assert _launch_arguments(parser.parse_args(["launch"]))["superlink_database"] is False
+    assert _launch_arguments(parser.parse_args(
+        ["launch", "--superlink-database"]))["superlink_database"] is True
+    assert "superlink_database" in _FEDERATION_OPTIONS
+    with pytest.raises(SystemExit, match="--superlink-database cannot be given with it"):
+        _launch_arguments(parser.parse_args(
+            ["launch", "--resume", "runs/x", "--superlink-database"]))
