@@ -266,10 +266,7 @@ def launch(
         tls_files = make_local_tls(out / "certs")
         if auth:
             keys = make_supernode_keys(out / "certs" / "supernodes", supernodes)
-    # With superlink_database, Flower's persistent state in the run directory (a resumed launch
-    # starts a fresh one and keeps the earlier aside): a SuperLink that dies mid-run is started
-    # again on it and the run goes on (see _run). Without, Flower's in-memory state: half the
-    # round time, and a dead SuperLink ends the run incomplete (resumable).
+    # A resumed launch starts a fresh database and keeps the earlier one aside (fresh_database).
     fed = Federation(workdir=out, tls=tls_files,
                      database=fresh_database(out) if superlink_database else None)
     fed.extra_env.update(cluster_env)
