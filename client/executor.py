@@ -29,6 +29,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -66,9 +67,9 @@ __all__ = ["RuntimeConnection", "TaskOutcome", "main", "serve", "serve_task"]
 logger = logging.getLogger("gpfl.executor")
 
 #: Seconds between ``AcquireTask`` polls when idle: Flower's own SuperExec default
-#: (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s). The SuperNode waits 3 s between polls of the
-#: SuperLink anyway, and 0.2 s did not shorten a round (docs/BENCHMARKS.md): it only made five
-#: times the idle requests, which 20 devices on a 2-core machine pay for in CPU.
+#: (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s). 0.2 s did not shorten a round of 20 devices
+#: (docs/BENCHMARKS.md; measured when the SuperNode still polled the SuperLink every 3 s): it
+#: only made five times the idle requests, which 20 devices on a 2-core machine pay for in CPU.
 DEFAULT_POLL_INTERVAL = 1.0
 
 
@@ -215,6 +216,28 @@ def serve(conn: RuntimeConnection, pin: AppPin, *, poll_interval: float = DEFAUL
         poller.close()
 
 
+def wait_until_listening(address: str, timeout: float = 120.0, interval: float = 0.2) -> float:
+    """Wait until ``HOST:PORT`` accepts TCP connections; return the seconds waited.
+
+    The SuperNode and its executor start together, and importing Flower takes the SuperNode
+    seconds (tens of seconds while a whole federation starts on a small machine). A request
+    sent before it listens makes Flower's HTTP retry back off exponentially, up to 20 s a
+    try, so a device could join a round long after its SuperNode was ready; a plain TCP
+    probe every ``interval`` seconds joins within ``interval``. After ``timeout`` the
+    executor goes on and Flower's retry takes over.
+    """
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            with socket.create_connection((host, int(port)), timeout=interval):
+                break
+        except OSError:
+            time.sleep(interval)
+    return time.monotonic() - started
+
+
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
@@ -249,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("warm executor %d ready in %.1f s: serves %s %s from %s", os.getpid(),
                 time.monotonic() - started, pin.fab_id, pin.version,
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    waited = wait_until_listening(args.runtime_api_address)
+    logger.info("the SuperNode's Runtime API %s answered after %.1f s",
+                args.runtime_api_address, waited)
     try:
         serve(conn, pin, poll_interval=args.poll_interval, client_app=app)
     except KeyboardInterrupt:

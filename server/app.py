@@ -76,8 +76,8 @@ class GpflServer(Server):
     """Flower's legacy ``Server``, sending a round's instructions from a pool sized per engine.
 
     Under the Deployment Engine every sampled device gets a thread: the threads only wait on
-    the network, and fewer would send the instructions in waves, each waiting out the 3 s polls
-    of the SuperNodes and of the grid (the pool's size is set with ``set_max_workers``).
+    the network, and fewer would send the instructions in waves, each waiting out the polls of
+    the SuperNodes and of the grid (the pool's size is set with ``set_max_workers``).
 
     On the Simulation Engine (an in-memory grid) the ClientApps run in this machine's Ray
     actors (Flower's default: one per 2 CPUs), and Flower's dispatcher checks every virtual node
@@ -90,7 +90,8 @@ class GpflServer(Server):
 
     Under the Deployment Engine each client proxy's grid is wrapped in a
     :class:`~server.polling.PollingGrid` before the round: replies are pulled every 0.1 s instead
-    of Flower's 3 s, so a round waits for one poll (the SuperNode's), not two.
+    of Flower's 3 s, so a round waits for one poll (the SuperNode's: 0.5 s under ``gpfl
+    supernode``, :mod:`server.fleet_poll`), not two.
     """
 
     _polling: PollingGrid | None = None
@@ -223,7 +224,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     config = ServerConfig(num_rounds=remaining, round_timeout=settings.round_timeout)
     # Flower's Server sends each client's instruction from a thread pool whose default size is
     # min(32, CPUs + 4): 6 on a 2-core machine, so 20 sampled clients went out in 4 waves, each
-    # waiting out the 3 s polls of the SuperNode and of the grid. One thread per sampled client
+    # waiting out the polls of the SuperNode and of the grid. One thread per sampled client
     # sends them all at once (the threads only wait on the network); on the Simulation Engine
     # GpflServer caps the pool per CPU instead.
     server = GpflServer(client_manager=SimpleClientManager(), strategy=strategy)

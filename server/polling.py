@@ -4,7 +4,8 @@ Flower's legacy round sends each sampled device its instruction through its clie
 (``GridClientProxy``), which calls the grid's ``send_and_receive`` with one message. Flower's
 gRPC/HTTP grid (``flwr.superlink.grid.http_grid``) pushes the message, then pulls its reply and
 sleeps 3 s between pulls: a reply waits up to 3 s on the SuperLink before the ServerApp sees it,
-on top of the SuperNode's own 3 s between polls for work. :class:`PollingGrid` does the same with
+on top of the SuperNode's own wait between polls for work (3 s in Flower; 0.5 s for a device run
+by ``gpfl supernode``, :mod:`server.fleet_poll`). :class:`PollingGrid` does the same with
 Flower's public Grid API (``push_messages``, ``pull_messages``) and one poller thread that pulls
 every instruction in flight at once, every :data:`POLL_INTERVAL` seconds, so a round waits at
 most one SuperNode poll plus 0.1 s, and the SuperLink gets one pull request per interval however
@@ -57,6 +58,7 @@ class PollingGrid(Grid):
         self.grid = grid
         self.interval = interval
         self._lock = threading.Lock()
+        self._push_lock = threading.Lock()
         self._waiting: dict[str, Future[Message]] = {}
         self._poller: threading.Thread | None = None
 
@@ -96,7 +98,13 @@ class PollingGrid(Grid):
         TimeoutError
             If no reply at all came in time (the caller's one instruction missed its deadline).
         """
-        ids = list(self.grid.push_messages(messages))
+        # One push at a time: the SuperLink asks each push for every object of its message
+        # that is not yet *available* in its store, so concurrent pushes of a round's
+        # instruction (the same hypotheses for every device) each uploaded all of it; in turn,
+        # the second and later pushes upload their message's envelope only (1,773 object
+        # requests in 12 rounds of 20 devices before, 331 after; docs/BENCHMARKS.md).
+        with self._push_lock:
+            ids = list(self.grid.push_messages(messages))
         futures: dict[str, Future[Message]] = {}
         with self._lock:
             for mid in ids:

@@ -40,7 +40,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from server.processes import bin_dir, child_env, terminate_tree
+from server.fleet_poll import DEFAULT_INTERVAL as FLEET_POLL_INTERVAL
+from server.fleet_poll import FLAG as FLEET_POLL_FLAG
+from server.fleet_poll import IdleClock
+from server.processes import child_env, terminate_tree
 
 __all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "supernode_argv"]
 
@@ -124,14 +127,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, default=None,
                    help="seconds between the executor's polls for a task when idle (default: "
                         "the executor's, 1 s as Flower's SuperExec)")
+    p.add_argument("--fleet-poll-interval", type=float, default=FLEET_POLL_INTERVAL,
+                   metavar="S", help="seconds between the SuperNode's polls of the SuperLink when "
+                   f"idle, in [0.05, 3] (default {FLEET_POLL_INTERVAL}; Flower's own: 3)")
     p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="-- FLOWER_ARGS",
                    help="anything after `--` is passed to flower-supernode as given")
 
 
 def supernode_argv(args: argparse.Namespace) -> list[str]:
     """Return the ``flower-supernode`` command line of these options."""
-    argv = [str(bin_dir() / "flower-supernode"), "--isolation", "process",
-            "--superlink", args.superlink, "--port", str(args.port)]
+    # Flower's SuperNode, through the module that shortens its idle poll (server.fleet_poll).
+    interval = getattr(args, "fleet_poll_interval", None)
+    argv = [sys.executable, "-P", "-m", "server.fleet_poll", FLEET_POLL_FLAG,
+            str(FLEET_POLL_INTERVAL if interval is None else interval),
+            "--isolation", "process", "--superlink", args.superlink, "--port", str(args.port)]
     if args.insecure:
         argv.append("--insecure")
     if args.root_certificates:
@@ -230,6 +239,11 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
         return 2
     if args.poll_interval is not None and not args.poll_interval > 0:
         echo(f"--poll-interval must be > 0, got --poll-interval={args.poll_interval}")
+        return 2
+    try:
+        IdleClock(args.fleet_poll_interval)
+    except ValueError as err:
+        echo(str(err))
         return 2
     supernode: subprocess.Popen[bytes] | None = None
     executor: subprocess.Popen[bytes] | None = None

@@ -129,7 +129,7 @@ def test_a_run_over_the_device_runner(federation: Federation) -> None:
         commands = sorted(" ".join(p.cmdline()) for p in tree)
         assert len(commands) == 2, commands
         assert any("client.executor" in c for c in commands)
-        assert any("flower-supernode" in c and "--isolation process" in c for c in commands)
+        assert any("server.fleet_poll" in c and "--isolation process" in c for c in commands)
 
 
 TAMPER = '''

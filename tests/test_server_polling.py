@@ -52,6 +52,37 @@ def test_every_instruction_in_flight_is_pulled_by_one_poller() -> None:
     assert len(grid.pulls) < 20 and max(len(p) for p in grid.pulls) > 1
 
 
+def test_pushes_go_one_at_a_time_so_the_superlink_stores_shared_content_once() -> None:
+    # Prepare: a grid that records how many pushes are under way at once; a push takes 5 ms.
+    # (Flower's SuperLink asks a push for every object of its message not yet *available*:
+    # 20 concurrent pushes of one round's instruction upload its hypotheses 20 times.)
+    grid = FakeGrid({f"m{i}": 1 for i in range(20)})
+    under_way, most = 0, 0
+    original = grid.push_messages
+
+    def slow_push(messages: Iterable[Any]) -> list[str]:
+        nonlocal under_way, most
+        with grid.lock:
+            under_way += 1
+            most = max(most, under_way)
+        time.sleep(0.005)
+        with grid.lock:
+            under_way -= 1
+        return original(messages)
+
+    grid.push_messages = slow_push  # type: ignore[method-assign]
+    wrapped: Any = PollingGrid(grid, interval=0.01)  # type: ignore[arg-type]
+
+    # Execute: one thread a device, as Flower's round sends them.
+    with ThreadPoolExecutor(20) as pool:
+        replies = list(pool.map(
+            lambda i: wrapped.send_and_receive([f"m{i}"], timeout=30), range(20)))
+
+    # Assert: every device got its reply, and no two pushes overlapped.
+    assert [r[0].id for r in replies] == [f"m{i}" for i in range(20)]
+    assert most == 1
+
+
 def test_an_instruction_without_reply_times_out_as_a_missed_deadline(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
