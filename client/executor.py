@@ -216,7 +216,12 @@ def serve(conn: RuntimeConnection, pin: AppPin, *, poll_interval: float = DEFAUL
         poller.close()
 
 
-def wait_until_listening(address: str, timeout: float = 120.0, interval: float = 0.2) -> float:
+#: Seconds the executor waits for its SuperNode's Runtime API before Flower's retry takes over.
+RUNTIME_WAIT_S = 120.0
+
+
+def wait_until_listening(address: str, timeout: float = RUNTIME_WAIT_S,
+                         interval: float = 0.2) -> float:
     """Wait until ``HOST:PORT`` accepts TCP connections; return the seconds waited.
 
     The SuperNode and its executor start together, and importing Flower takes the SuperNode
@@ -273,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
                 time.monotonic() - started, pin.fab_id, pin.version,
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     waited = wait_until_listening(args.runtime_api_address)
-    logger.info("the SuperNode's Runtime API %s answered after %.1f s",
-                args.runtime_api_address, waited)
+    logger.info("the SuperNode's Runtime API %s %s after %.1f s", args.runtime_api_address,
+                "did not answer (Flower's retry goes on)" if waited >= RUNTIME_WAIT_S
+                else "answered", waited)
     try:
         serve(conn, pin, poll_interval=args.poll_interval, client_app=app)
     except KeyboardInterrupt:

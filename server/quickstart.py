@@ -23,7 +23,7 @@ The quickstart keeps that privacy and changes only what the method leaves free:
   (docs/RESULTS.md, "small-federations"); ten rounds more cost each device 4 of d-privacy.
 
 Measured in process (docs/RESULTS.md, "Small federations") and over real processes
-(docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take ~5.5 s a round.
+(docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take ~4 s a round.
 """
 
 from __future__ import annotations

@@ -40,9 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from server.fleet_poll import DEFAULT_INTERVAL as FLEET_POLL_INTERVAL
-from server.fleet_poll import FLAG as FLEET_POLL_FLAG
-from server.fleet_poll import IdleClock
+from server import fleet_poll
 from server.processes import child_env, terminate_tree
 
 __all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "supernode_argv"]
@@ -127,9 +125,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll-interval", type=float, default=None,
                    help="seconds between the executor's polls for a task when idle (default: "
                         "the executor's, 1 s as Flower's SuperExec)")
-    p.add_argument("--fleet-poll-interval", type=float, default=FLEET_POLL_INTERVAL,
+    p.add_argument("--fleet-poll-interval", type=float, default=fleet_poll.DEFAULT_INTERVAL,
                    metavar="S", help="seconds between the SuperNode's polls of the SuperLink when "
-                   f"idle, in [0.05, 3] (default {FLEET_POLL_INTERVAL}; Flower's own: 3)")
+                   f"idle, in [{fleet_poll.MIN_INTERVAL}, {fleet_poll.MAX_INTERVAL:g}] (default "
+                   f"{fleet_poll.DEFAULT_INTERVAL}; Flower's own: 3)")
     p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="-- FLOWER_ARGS",
                    help="anything after `--` is passed to flower-supernode as given")
 
@@ -137,10 +136,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def supernode_argv(args: argparse.Namespace) -> list[str]:
     """Return the ``flower-supernode`` command line of these options."""
     # Flower's SuperNode, through the module that shortens its idle poll (server.fleet_poll).
-    interval = getattr(args, "fleet_poll_interval", None)
-    argv = [sys.executable, "-P", "-m", "server.fleet_poll", FLEET_POLL_FLAG,
-            str(FLEET_POLL_INTERVAL if interval is None else interval),
-            "--isolation", "process", "--superlink", args.superlink, "--port", str(args.port)]
+    argv = [sys.executable, "-P", "-m", "server.fleet_poll", fleet_poll.FLAG,
+            str(args.fleet_poll_interval), "--isolation", "process",
+            "--superlink", args.superlink, "--port", str(args.port)]
     if args.insecure:
         argv.append("--insecure")
     if args.root_certificates:
@@ -241,7 +239,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
         echo(f"--poll-interval must be > 0, got --poll-interval={args.poll_interval}")
         return 2
     try:
-        IdleClock(args.fleet_poll_interval)
+        fleet_poll.IdleClock(args.fleet_poll_interval)
     except ValueError as err:
         echo(str(err))
         return 2
