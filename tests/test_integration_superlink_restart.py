@@ -27,7 +27,7 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
 ) -> None:
     # Prepare: 3 rounds, both devices sampled every round. When round 2 starts, the SuperLink
     # process alone is SIGKILLed (its ServerApp and the SuperNodes keep running), with round 2's
-    # instructions in its database and possibly on their way to the devices.
+    # instructions being pushed, in its database, or on their way to the devices.
     out = tmp_path / "run"
     killed: list[int] = []
 
@@ -50,20 +50,23 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
     assert result.finished and summary["status"] == "complete"
     assert [e["round"] for e in summary["history"]] == [0, 1, 2, 3]
     assert not summary.get("resumed")
-    # Assert: every device's spend exactly once: one ledger entry per round it took part in,
-    # and what summary.json reports (the devices' reports and the ledgers read after the run)
-    # is what each ledger holds.
+    # Assert: the rounds after the restart were played: round 3 got replies.
+    history = summary["history"]
+    assert history[-1]["replies"] >= 1, history
+    # Assert: every device's spend exactly once, and what summary.json reports (the devices'
+    # reports and the ledgers read after the run) is what each ledger holds. The kill can cost
+    # a device round 2 either way: its instruction lost with the SuperLink (not trained, not
+    # charged: one release fewer) or its reply lost in flight (charged, not counted: one
+    # participation fewer). It can never cost a charge twice: at most one release a round.
     names = sorted(summary["privacy"]["per_client"])
     assert names == ["client-0", "client-1"]
     spend = ledger_spend(out / "ledgers", names)
     for name in names:
         releases, d_privacy = spend[name]
         client = summary["privacy"]["per_client"][name]
-        # One charge per round, none twice. A reply in flight when the SuperLink died can be
-        # lost (the SuperNode does not send it again), so the server may count one round fewer
-        # than the ledger holds; what it reports is still read from the ledger.
-        assert releases == 3
-        assert client["participations"] in (2, 3)
+        assert 2 <= releases <= 3, (name, releases, history)
+        assert client["participations"] <= releases <= client["participations"] + 1, (
+            name, client, releases)
         assert d_privacy == pytest.approx(releases * N_OVER_NU)
         assert client["spend"] == pytest.approx(d_privacy)
         assert summary["ledgers"]["per_client"][name]["spend"] == pytest.approx(d_privacy)
