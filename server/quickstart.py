@@ -17,10 +17,12 @@ The quickstart keeps that privacy and changes only what the method leaves free:
   restored and the step shrinks (``plateau-factor``), which averages the release noise over
   rounds; a hypothesis that no release reaches for 3 rounds is re-seeded (``reseed-after``).
   Both are post-processing of the releases: no device does or spends anything more;
-* 50 rounds, or 100 below 16 SuperNodes (fewer releases a round average less noise), without
+* 60 rounds, or 100 below 16 SuperNodes (fewer releases a round average less noise), without
   early stopping; the best validation round's hypotheses are the result. At 20 devices the
-  final hypotheses were within 0.5 of both optima by round 50 in 20 of 20 in-process runs
-  (docs/RESULTS.md, "small-federations"); ten rounds more cost each device 4 of d-privacy.
+  final hypotheses were within 0.5 of both optima by round 60 in 20 of 20 in-process runs
+  (docs/RESULTS.md, "small-federations"). 50 rounds left a slow approach short in 2 of 20
+  launches over real processes (docs/USAGE.md); the ten rounds more cost each device 4 of
+  d-privacy (24 in all).
 
 Measured in process (docs/RESULTS.md, "Small federations") and over real processes
 (docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take ~4 s a round.
@@ -39,7 +41,7 @@ QUICKSTART_SUPERNODES = 20
 #: them); ``clients-per-round`` is every SuperNode (see `quickstart_run_config`).
 QUICKSTART_RUN_CONFIG: dict[str, Any] = {
     "local-epochs": 5,
-    "num-rounds": 50,
+    "num-rounds": 60,
     "patience": 0,
     "server-update": "plateau",
     "reseed-after": 3,

@@ -153,7 +153,7 @@ def test_the_quickstart_restores_on_plateaus_reseeds_and_runs_longer_below_16_su
 ) -> None:
     assert QUICKSTART_RUN_CONFIG["server-update"] == "plateau"
     assert QUICKSTART_RUN_CONFIG["reseed-after"] == 3
-    assert quickstart_run_config(20, {})["num-rounds"] == 50
+    assert quickstart_run_config(20, {})["num-rounds"] == 60
     assert quickstart_run_config(8, {})["num-rounds"] == 100
     assert quickstart_run_config(8, {"num-rounds": 7})["num-rounds"] == 7
 
