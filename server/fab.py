@@ -48,6 +48,8 @@ def stage_app(app_dir: Path, into: Path) -> Path:
         warnings.simplefilter("ignore", DeprecationWarning)
         ignored = build_pathspec(load_gitignore_patterns(gitignore))
     dest = into / app_dir.name
+    # A fresh copy each time: a file deleted or newly ignored since must not linger.
+    shutil.rmtree(dest, ignore_errors=True)
     for dirpath, dirnames, filenames in os.walk(app_dir, followlinks=False):
         here = Path(dirpath)
         rel = here.relative_to(app_dir)
