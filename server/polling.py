@@ -16,6 +16,14 @@ SuperLink answers an instruction still unanswered at its TTL with a *Message Una
 when it is pulled. The poller pulls for :data:`DEADLINE_GRACE` seconds past the deadline to
 receive that answer; if none came, ``send_and_receive`` raises :class:`TimeoutError`, which
 :func:`strategies.proxies.classify_failure` counts as a missed deadline, as the error would be.
+
+The SuperLink hands a reply over as soon as its envelope is stored, before the device has
+uploaded the reply's objects, and Flower's ``HttpGrid.pull_messages`` then pulls each reply's
+objects in turn, retrying a missing one for up to two hours. One device dying mid-upload would
+hold every reply of that pull (already confirmed, so never handed over again) past the round's
+deadline. On Flower's HTTP grid the poller therefore asks the SuperLink for the envelopes
+itself and pulls each reply's objects in a worker of its own, for no longer than that reply's
+round deadline plus the grace: a stuck upload costs its own device's reply and nothing else.
 """
 
 from __future__ import annotations
@@ -24,21 +32,43 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, cast
 
-from flwr.app import Message, RecordDict
+from flwr.app import Message, Metadata, RecordDict
+from flwr.app.error import Error
+from flwr.app.message import make_message
+from flwr.common.constant import ErrorCode
+from flwr.proto.message_pb2 import ConfirmMessageReceivedRequest  # pylint: disable=E0611
+from flwr.proto.runtime_pb2 import PullAppMessagesRequest  # pylint: disable=E0611
 from flwr.serverapp.grid import Grid
+from flwr.supercore.constant import PULL_MAX_TIME, SYSTEM_MESSAGE_TYPE
+from flwr.supercore.inflatable.inflatable_object import iterate_object_tree
+from flwr.supercore.inflatable.inflatable_protobuf_utils import make_pull_object_fn_protobuf
+from flwr.supercore.inflatable.inflatable_utils import (
+    ObjectPullError,
+    inflate_object_from_contents,
+    pull_objects,
+)
 from flwr.supercore.run import Run
+from flwr.superlink.grid.http_grid import HttpGrid
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEADLINE_GRACE", "POLL_INTERVAL", "PollingGrid"]
+__all__ = ["DEADLINE_GRACE", "POLL_INTERVAL", "UNAVAILABLE_REASON", "PollingGrid"]
 
 #: Seconds between two pulls of the replies in flight.
 POLL_INTERVAL = 0.1
 #: Seconds pulled past a deadline, for the SuperLink's own answer to an expired instruction.
 DEADLINE_GRACE = 1.0
+#: Workers pulling replies' objects; a stuck one holds a worker until its deadline only.
+REPLY_WORKERS = 16
+#: Longest wait, in seconds, between two pulls of an object not uploaded yet.
+RETRY_CAP = 0.25
+#: The reason of the error reply standing in for a reply whose objects never all arrived
+#: (Flower's own words for it).
+UNAVAILABLE_REASON = "Reply message objects are unavailable"
 
 
 class PollingGrid(Grid):
@@ -60,7 +90,12 @@ class PollingGrid(Grid):
         self._lock = threading.Lock()
         self._push_lock = threading.Lock()
         self._waiting: dict[str, Future[Message]] = {}
+        self._deadlines: dict[str, float | None] = {}
+        # Replies handed over whose objects a worker pulls: not asked for again, since the
+        # SuperLink deleted their instruction and would answer "Message Unavailable".
+        self._pulling: set[str] = set()
         self._poller: threading.Thread | None = None
+        self._workers: ThreadPoolExecutor | None = None
 
     def set_run(self, run: Run) -> None:
         """Flower's ``Grid.set_run``, on the wrapped grid."""
@@ -106,14 +141,15 @@ class PollingGrid(Grid):
         with self._push_lock:
             ids = list(self.grid.push_messages(messages))
         futures: dict[str, Future[Message]] = {}
+        end = None if timeout is None else time.monotonic() + timeout + DEADLINE_GRACE
         with self._lock:
             for mid in ids:
                 futures[mid] = self._waiting[mid] = Future()
+                self._deadlines[mid] = end
             if self._poller is None:
                 self._poller = threading.Thread(target=self._poll, name="gpfl-grid-poller",
                                                  daemon=True)
                 self._poller.start()
-        end = None if timeout is None else time.monotonic() + timeout + DEADLINE_GRACE
         replies: list[Message] = []
         try:
             for future in futures.values():
@@ -126,6 +162,8 @@ class PollingGrid(Grid):
             with self._lock:
                 for mid in ids:
                     self._waiting.pop(mid, None)
+                    self._deadlines.pop(mid, None)
+                    self._pulling.discard(mid)
         if ids and not replies:
             raise TimeoutError(f"no reply within the round's deadline ({timeout} s)")
         return replies
@@ -135,22 +173,84 @@ class PollingGrid(Grid):
         failing = False
         while True:
             with self._lock:
-                ids = list(self._waiting)
-                if not ids:
+                if not self._waiting:
                     self._poller = None
                     return
+                ids = [mid for mid in self._waiting if mid not in self._pulling]
             try:
-                replies = list(self.grid.pull_messages(ids))
+                if ids and isinstance(self.grid, HttpGrid):
+                    self._pull_envelopes(self.grid, ids)
+                elif ids:
+                    self._resolve(list(self.grid.pull_messages(ids)))
                 failing = False
             except Exception as err:  # a SuperLink restarting: the next pull tries again
                 if not failing:  # once per outage, not every 0.1 s
                     logger.warning("pulling replies failed (%s); retrying every %g s", err,
                                    self.interval)
                 failing = True
-                replies = []
-            with self._lock:
-                for reply in replies:
-                    future = self._waiting.pop(reply.metadata.reply_to_message_id, None)
-                    if future is not None and not future.done():
-                        future.set_result(reply)
             time.sleep(self.interval)
+
+    def _resolve(self, replies: list[Message]) -> None:
+        """Hand each reply to the ``send_and_receive`` waiting for it."""
+        with self._lock:
+            for reply in replies:
+                self._pulling.discard(reply.metadata.reply_to_message_id)
+                future = self._waiting.pop(reply.metadata.reply_to_message_id, None)
+                if future is not None and not future.done():
+                    future.set_result(reply)
+
+    def _pull_envelopes(self, grid: HttpGrid, ids: list[str]) -> None:
+        """Ask the SuperLink for the replies stored so far; pull each one's objects apart.
+
+        Flower's ``HttpGrid.pull_messages`` in two steps (see the module notes): its Runtime
+        API client is private to the grid, and is what its ``pull_messages`` uses.
+        """
+        client: Any = grid._runtime_client  # the grid's own connection
+        res = client.PullMessages(PullAppMessagesRequest(message_ids=ids))
+        for proto, tree in zip(res.messages_list, res.message_object_trees, strict=True):
+            reply_to = proto.metadata.reply_to_message_id
+            with self._lock:
+                if reply_to not in self._waiting:  # its round is over: nobody to give it to
+                    continue
+                end = self._deadlines.get(reply_to)
+                self._pulling.add(reply_to)
+                if self._workers is None:
+                    self._workers = ThreadPoolExecutor(REPLY_WORKERS, "gpfl-reply-pull")
+                workers = self._workers
+            workers.submit(self._pull_reply, grid, client, proto.metadata.message_id,
+                           reply_to, tree, end)
+
+    def _pull_reply(self, grid: HttpGrid, client: Any, msg_id: str, reply_to: str,
+                    tree: Any, end: float | None) -> None:
+        """Pull one reply's objects until ``end`` at the latest; resolve its waiter."""
+        run_id = grid.run.run_id
+        # Retry a missing object every 0.1-0.25 s (Flower: 1 s doubling to 10 s), so a reply
+        # still uploading is seen soon after it lands, and the last retry falls before ``end``.
+        left = PULL_MAX_TIME if end is None else max(self.interval,
+                                                     end - time.monotonic() - 2 * RETRY_CAP)
+        try:
+            contents = pull_objects(
+                object_ids=[node.object_id for node in iterate_object_tree(tree)],
+                pull_object_fn=make_pull_object_fn_protobuf(
+                    pull_object_protobuf=client.PullObject, node=grid.node, run_id=run_id),
+                max_time=left, initial_backoff=self.interval, backoff_cap=RETRY_CAP,
+            )
+        except ObjectPullError as err:
+            logger.warning("reply to %s: its objects did not all arrive (%s)", reply_to, err)
+            self._resolve([make_message(
+                metadata=Metadata(run_id=run_id, message_id="", src_node_id=grid.node.node_id,
+                                  dst_node_id=grid.node.node_id,
+                                  message_type=SYSTEM_MESSAGE_TYPE, group_id="", ttl=0,
+                                  reply_to_message_id=reply_to, created_at=time.time()),
+                error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
+                            reason=f"{UNAVAILABLE_REASON}: {err}"),
+            )])
+            return
+        except Exception as err:  # the SuperLink gone mid-pull: the deadline decides
+            logger.warning("reply to %s: pulling its objects failed (%s)", reply_to, err)
+            return
+        client.ConfirmMessageReceived(ConfirmMessageReceivedRequest(
+            node=grid.node, run_id=run_id, message_object_id=msg_id))
+        message = cast(Message, inflate_object_from_contents(msg_id, contents))
+        message.metadata.__dict__["_message_id"] = msg_id  # as Flower's pull_messages does
+        self._resolve([message])

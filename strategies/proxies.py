@@ -32,8 +32,12 @@ MISSING = "missing"
 #: A device that answered with an error (its ClientApp raised, or an error status).
 FAILED = "failed"
 
-# Error reasons the SuperLink writes itself (flwr/server/superlink/linkstate/utils.py).
+# Error reasons the SuperLink writes itself (flwr/server/superlink/linkstate/utils.py), and
+# the one Flower's grid writes for a reply whose upload never finished (flwr's http_grid,
+# and server.polling in the same words).
 _SUPERLINK_REASONS = (
+    ("Reply message objects are unavailable",
+     "its reply's upload did not finish before the round's deadline"),
     ("Error: Message Unavailable", "no reply before the round's deadline (round-timeout)"),
     ("Error: Reply Message Unavailable", "its reply came after the round's deadline"),
     ("Error: Node Unavailable", "the SuperLink lost the device (no heartbeat)"),

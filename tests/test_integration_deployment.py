@@ -109,8 +109,11 @@ def test_capped_supernode_declines_and_a_restart_keeps_its_spend(
     # The uncapped clients took part whenever sampled; declines are not failures.
     assert all(c["declines"] == 0 for n, c in clients.items() if n != "client-0")
     assert sum(e["failures"] for e in summary["history"]) == 0 or restarted
-    assert sum(e["declined"] for e in summary["history"]) == capped["declines"] == \
-        ledger.declines
+    # Every decline the server counted is in the ledger. The ledger may hold one more: the
+    # round-3 line is printed when round 3 ends, so round 4's message can reach the old
+    # process, which records its decline and is killed before the reply leaves.
+    assert sum(e["declined"] for e in summary["history"]) == capped["declines"]
+    assert capped["declines"] <= ledger.declines <= capped["declines"] + 1
 
 
 @pytest.mark.timeout(60)

@@ -119,3 +119,129 @@ def test_a_failing_pull_is_retried() -> None:
 
     # Execute / Assert
     assert [r.id for r in wrapped.send_and_receive(["m"], timeout=30)] == ["m"]
+
+
+class StoredReplies:
+    """A stand-in for the SuperLink's Runtime API: envelopes and objects of real replies.
+
+    Each reply is a Flower message deflated by Flower's own code; the objects of the replies
+    in ``unfinished`` never become available (their device died mid-upload).
+    """
+
+    def __init__(self, replies: dict[str, Any], unfinished: set[str]) -> None:
+        from flwr.app.message import remove_content_from_message
+        from flwr.common.serde import message_to_proto
+        from flwr.supercore.inflatable.inflatable_object import (
+            get_all_nested_objects,
+            get_object_tree,
+        )
+
+        self.envelopes = {
+            reply_to: (message_to_proto(remove_content_from_message(reply)),
+                       get_object_tree(reply))
+            for reply_to, reply in replies.items()}
+        self.objects = {oid: obj.deflate() for reply in replies.values()
+                        for oid, obj in get_all_nested_objects(reply).items()}
+        self.withheld = {oid for reply_to in unfinished
+                         for oid in get_all_nested_objects(replies[reply_to])
+                         if oid != replies[reply_to].object_id}
+        self.confirmed: list[str] = []
+        self.handed_over: set[str] = set()
+
+    def PullMessages(self, request: Any) -> Any:  # Flower's RPC names
+        # The SuperLink hands an envelope over once and deletes the instruction with it; an
+        # instruction asked for again is answered with its "Message Unavailable" error.
+        from flwr.app import Error, Metadata
+        from flwr.app.message import make_message
+        from flwr.common.serde import message_to_proto
+        from flwr.supercore.inflatable.inflatable_object import get_object_tree
+
+        found = []
+        for mid in request.message_ids:
+            if mid in self.envelopes:
+                found.append(self.envelopes.pop(mid))
+                self.handed_over.add(mid)
+            elif mid in self.handed_over:
+                error = make_message(
+                    metadata=Metadata(run_id=1, message_id="", src_node_id=7, dst_node_id=1,
+                                      reply_to_message_id=mid, group_id="", ttl=60,
+                                      message_type="train", created_at=time.time()),
+                    error=Error(code=3, reason="Error: Message Unavailable"))
+                self.objects[error.object_id] = error.deflate()
+                found.append((message_to_proto(error), get_object_tree(error)))
+        return SimpleNamespace(messages_list=[p for p, _ in found],
+                               message_object_trees=[t for _, t in found])
+
+    def PullObject(self, request: Any) -> Any:
+        from flwr.proto.message_pb2 import PullObjectResponse
+
+        if request.object_id in self.withheld:
+            return PullObjectResponse(object_found=True, object_available=False)
+        return PullObjectResponse(object_found=True, object_available=True,
+                                  object_content=self.objects[request.object_id])
+
+    def ConfirmMessageReceived(self, request: Any) -> None:
+        self.confirmed.append(request.message_object_id)
+
+
+def _reply(reply_to: str, value: float) -> Any:
+    """A device's reply to instruction ``reply_to``: one array, several objects."""
+    import numpy as np
+    from flwr.app import ArrayRecord, Metadata, RecordDict
+    from flwr.app.message import make_message
+
+    reply = make_message(
+        metadata=Metadata(run_id=1, message_id="", src_node_id=7, dst_node_id=1,
+                          reply_to_message_id=reply_to, group_id="", ttl=60,
+                          message_type="train", created_at=time.time()),
+        content=RecordDict({"update": ArrayRecord([np.full(3, value)])}))
+    reply.metadata.__dict__["_message_id"] = reply.object_id
+    return reply
+
+
+def test_a_reply_whose_upload_never_finishes_holds_up_only_its_own_device() -> None:
+    # Prepare: Flower's HTTP grid over a stand-in Runtime API holding three devices' replies;
+    # the middle device died mid-upload. (Flower's own pull_messages would retry its objects
+    # for up to two hours, holding the two finished replies with it.)
+    from flwr.supercore.run import Run
+    from flwr.superlink.grid.http_grid import HttpGrid
+
+    replies = {f"m{i}": _reply(f"m{i}", float(i)) for i in range(3)}
+    store = StoredReplies(replies, unfinished={"m1"})
+
+    class Grid(HttpGrid):
+        @property
+        def _runtime_client(self) -> Any:
+            return store
+
+        def push_messages(self, messages: Iterable[Any]) -> list[str]:
+            return [str(m) for m in messages]
+
+    grid = Grid(token="t")
+    grid.set_run(Run.create_empty(run_id=1))
+    wrapped: Any = PollingGrid(grid, interval=0.01)
+    timeout = 1.5
+
+    # Execute: one thread a device, as Flower's round sends them.
+    start = time.monotonic()
+    arrived: dict[str, float] = {}
+
+    def send(mid: str) -> Any:
+        reply = wrapped.send_and_receive([mid], timeout=timeout)[0]
+        arrived[mid] = time.monotonic() - start
+        return reply
+
+    with ThreadPoolExecutor(3) as pool:
+        got = dict(zip(replies, pool.map(send, replies), strict=True))
+
+    # Assert: the finished replies came whole, at once (well before the stuck one's deadline)
+    # and were confirmed to the SuperLink; the unfinished one became Flower's error reply
+    # for it, after its deadline and within the grace.
+    for mid in ("m0", "m2"):
+        assert got[mid].content["update"].to_numpy_ndarrays()[0].tolist() == \
+            [float(mid[1])] * 3
+        assert arrived[mid] < 0.5
+    assert sorted(store.confirmed) == sorted(replies[m].object_id for m in ("m0", "m2"))
+    assert got["m1"].has_error()
+    assert got["m1"].error.reason.startswith(polling.UNAVAILABLE_REASON)
+    assert timeout - 0.5 <= arrived["m1"] <= timeout + polling.DEADLINE_GRACE + 0.5

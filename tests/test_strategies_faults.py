@@ -175,6 +175,9 @@ def test_a_restarted_device_is_accepted_and_its_records_merge() -> None:
         (ValueError("Message contains an Error (reason: Error: Node Unavailable — ...)"),
          MISSING, "the SuperLink lost the device"),
         (TimeoutError("timed out"), MISSING, "no reply before the round's deadline"),
+        (ValueError("Message contains an Error (reason: Reply message objects are unavailable: "
+                    "timeout or retry limit reached)"),
+         MISSING, "its reply's upload did not finish before the round's deadline"),
         (ValueError("Message contains an Error (reason: <class 'InstructionError'>:<'bad'>). "
                     "It originated during client-side execution of a message."),
          FAILED, "error: <class 'InstructionError'>:<'bad'>"),
