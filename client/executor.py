@@ -10,6 +10,9 @@ the FAB the server sent and imports *its* ClientApp. This executor, started by `
   installed on this device. The FAB is pulled (Flower's Runtime API hands it out with the task)
   but never written to disk, installed or imported. Runs of another app are refused
   (:mod:`client.pinning`) with an error reply, before the device's data or ledger are touched.
+* **Woken.** With ``--wake-fd`` (a pipe ``gpfl supernode`` makes) it waits for a byte its
+  SuperNode writes when a message is stored, and asks for the task at once; the idle poll
+  (:data:`DEFAULT_POLL_INTERVAL`) remains for a SuperNode that does not write.
 * **Warm.** The process starts once per SuperNode: flwr, NumPy, gpfl and (on the first task
   that needs them) torch, the task's data and its caches are loaded once, not per message. The
   device policy is re-read for every task (a small file): an owner's edit applies to the next
@@ -28,6 +31,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import signal
 import socket
 import sys
@@ -62,15 +66,15 @@ from flwr.supernode.runtime.run_clientapp import (
 from client.pinning import AppPin, Verdict, check_run, installed_app, parse_fab_hashes
 from client.policy import DevicePolicy, PolicyError
 
-__all__ = ["RuntimeConnection", "TaskOutcome", "main", "serve", "serve_task"]
+__all__ = ["RuntimeConnection", "TaskOutcome", "idle_wait", "main", "serve", "serve_task"]
 
 logger = logging.getLogger("gpfl.executor")
 
-#: Seconds between ``AcquireTask`` polls when idle: Flower's own SuperExec default
-#: (``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, 1 s). 0.2 s did not shorten a round of 20 devices
-#: (docs/BENCHMARKS.md; measured when the SuperNode still polled the SuperLink every 3 s): it
-#: only made five times the idle requests, which 20 devices on a 2-core machine pay for in CPU.
-DEFAULT_POLL_INTERVAL = 1.0
+#: Seconds between ``AcquireTask`` polls when idle (Flower's own SuperExec: 1 s). Woken by its
+#: SuperNode (``--wake-fd``), the executor needs the poll only as a fallback, and every poll is
+#: an HTTP request both processes pay for in CPU: at 1 s, 20 devices on 2 cores took 4.9 s a
+#: round, at 5 s 4.0-4.2 s (docs/BENCHMARKS.md).
+DEFAULT_POLL_INTERVAL = 5.0
 
 
 @dataclass(frozen=True)
@@ -186,12 +190,20 @@ def serve_task(conn: RuntimeConnection, token: str, pin: AppPin,
 
 
 def serve(conn: RuntimeConnection, pin: AppPin, *, poll_interval: float = DEFAULT_POLL_INTERVAL,
-          stop: threading.Event | None = None, client_app: ClientAppFn | None = None) -> None:
-    """Acquire and serve ClientApp tasks one at a time until ``stop`` is set (or forever)."""
+          stop: threading.Event | None = None, client_app: ClientAppFn | None = None,
+          wake_fd: int | None = None) -> None:
+    """Acquire and serve ClientApp tasks one at a time until ``stop`` is set (or forever).
+
+    Between polls it waits ``poll_interval`` seconds, or until a byte arrives on ``wake_fd``
+    (:func:`idle_wait`).
+    """
     stop = stop or threading.Event()
     app = client_app or _installed_client_app()
     poller = conn.client("SuperExec")
     unreachable_since: float | None = None
+    # How the next task will be found, for the log: at start, right after a task, woken by the
+    # SuperNode's byte, or by the idle poll (a SuperNode that does not write, or a lost byte).
+    how = "at start"
     try:
         while not stop.is_set():
             try:
@@ -209,11 +221,33 @@ def serve(conn: RuntimeConnection, pin: AppPin, *, poll_interval: float = DEFAUL
                 logger.info("Runtime API at %s reachable", conn.address)
                 unreachable_since = None
             if res.HasField("task") and res.token:
+                logger.info("task found %s", how)
                 serve_task(conn, res.token, pin, app)
+                how = "right after the previous one"
                 continue  # another message may be queued: ask again at once
-            stop.wait(poll_interval)
+            how = ("woken by the SuperNode" if idle_wait(stop, poll_interval, wake_fd)
+                   else "by the idle poll")
     finally:
         poller.close()
+
+
+def idle_wait(stop: threading.Event, seconds: float, wake_fd: int | None) -> bool:
+    """Wait up to ``seconds`` for ``stop``, or for a byte on ``wake_fd``; True if woken by one.
+
+    Every byte waiting is read: one look at the Runtime API serves all the messages they
+    announce (the executor asks again at once after each task).
+    """
+    if wake_fd is None:
+        stop.wait(seconds)
+        return False
+    readable, _, _ = select.select([wake_fd], [], [], seconds)
+    if not readable:
+        return False
+    try:
+        os.read(wake_fd, 4096)
+    except BlockingIOError:  # another reader took them: nothing lost, the poll follows
+        pass
+    return True
 
 
 #: Seconds the executor waits for its SuperNode's Runtime API before Flower's retry takes over.
@@ -257,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="CA of the Runtime API's TLS certificate (default: plain HTTP)")
     parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL,
                         help="seconds between polls for a task when idle")
+    parser.add_argument("--wake-fd", type=int, default=None,
+                        help="a pipe's read end: a byte on it means a task is ready")
     parser.add_argument("--parent-pid", type=int, default=None,
                         help="exit when this process (the runner) is gone")
     args = parser.parse_args(argv)
@@ -282,7 +318,9 @@ def main(argv: list[str] | None = None) -> int:
                 "did not answer (Flower's retry goes on)" if waited >= RUNTIME_WAIT_S
                 else "answered", waited)
     try:
-        serve(conn, pin, poll_interval=args.poll_interval, client_app=app)
+        if args.wake_fd is not None:
+            os.set_blocking(args.wake_fd, False)
+        serve(conn, pin, poll_interval=args.poll_interval, client_app=app, wake_fd=args.wake_fd)
     except KeyboardInterrupt:
         return 130
     return 0

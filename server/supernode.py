@@ -11,6 +11,10 @@ then starts two processes and watches them:
   serving every task with the gpfl client installed here and refusing runs of other apps. The FAB
   the server sends is never imported.
 
+The runner joins the two with a pipe: the SuperNode writes a byte to it for every message it
+stores (:mod:`server.fleet_poll`), and the executor, waiting on it between its idle polls, asks
+for the task at once. Without the byte (another Flower version) the idle poll still finds it.
+
 A crashed executor is restarted (with a growing pause). When the SuperNode exits, the runner stops
 the executor and exits with the SuperNode's code; except that, with SuperNode authentication, a
 SuperNode that fails within the SuperLink's heartbeat window of the runner's start is started
@@ -123,8 +127,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the SuperNode's local Runtime API port (default {DEFAULT_PORT}); one "
                         "per SuperNode on a host")
     p.add_argument("--poll-interval", type=float, default=None,
-                   help="seconds between the executor's polls for a task when idle (default: "
-                        "the executor's, 1 s as Flower's SuperExec)")
+                   help="seconds between the executor's polls for a task when idle; the "
+                        "SuperNode wakes it when a task arrives, so this is a fallback "
+                        "(default: the executor's, 5 s; Flower's SuperExec: 1 s)")
     p.add_argument("--fleet-poll-interval", type=float, default=fleet_poll.DEFAULT_INTERVAL,
                    metavar="S", help="seconds between the SuperNode's polls of the SuperLink when "
                    f"idle, in [{fleet_poll.MIN_INTERVAL}, {fleet_poll.MAX_INTERVAL:g}] (default "
@@ -133,11 +138,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="anything after `--` is passed to flower-supernode as given")
 
 
-def supernode_argv(args: argparse.Namespace) -> list[str]:
-    """Return the ``flower-supernode`` command line of these options."""
+def supernode_argv(args: argparse.Namespace, notify_fd: int | None = None) -> list[str]:
+    """Return the ``flower-supernode`` command line of these options.
+
+    ``notify_fd``: the write end of the pipe that wakes the executor (:mod:`server.fleet_poll`).
+    """
     # Flower's SuperNode, through the module that shortens its idle poll (server.fleet_poll).
+    notify = [] if notify_fd is None else [fleet_poll.NOTIFY_FLAG, str(notify_fd)]
     argv = [sys.executable, "-P", "-m", "server.fleet_poll", fleet_poll.FLAG,
-            str(args.fleet_poll_interval), "--isolation", "process",
+            str(args.fleet_poll_interval), *notify, "--isolation", "process",
             "--superlink", args.superlink, "--port", str(args.port)]
     if args.insecure:
         argv.append("--insecure")
@@ -162,17 +171,20 @@ def supernode_argv(args: argparse.Namespace) -> list[str]:
     return argv + extra
 
 
-def executor_argv(port: int, poll_interval: float | None, parent_pid: int) -> list[str]:
+def executor_argv(port: int, poll_interval: float | None, parent_pid: int,
+                  wake_fd: int | None = None) -> list[str]:
     """Return the warm executor's command line (this interpreter, this installation).
 
-    ``poll_interval`` None leaves the executor's own default (`client.executor`).
+    ``poll_interval`` None leaves the executor's own default (`client.executor`); ``wake_fd``:
+    the read end of the pipe its SuperNode writes to when a task is ready.
     """
     # The Runtime API is served on 127.0.0.1 (Flower's default host): only this machine reaches it.
     # -P: the working directory is not put on sys.path, so a `client/` folder wherever the
     # runner was started cannot stand in for the installed one.
     poll = [] if poll_interval is None else ["--poll-interval", str(poll_interval)]
+    wake = [] if wake_fd is None else ["--wake-fd", str(wake_fd)]
     return [sys.executable, "-P", "-m", "client.executor", "--runtime-api-address",
-            f"127.0.0.1:{port}", *poll, "--parent-pid", str(parent_pid)]
+            f"127.0.0.1:{port}", *poll, *wake, "--parent-pid", str(parent_pid)]
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -184,10 +196,11 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
             pass
 
 
-def _start(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+def _start(argv: Sequence[str], pass_fd: int | None = None) -> subprocess.Popen[bytes]:
     # Own session = own process group: stopping the group reaches anything the child starts.
     return subprocess.Popen(list(argv), env=child_env(), stdin=subprocess.DEVNULL,
-                            start_new_session=True, preexec_fn=_die_with_parent)
+                            start_new_session=True, preexec_fn=_die_with_parent,
+                            pass_fds=() if pass_fd is None else (pass_fd,))
 
 
 def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 5.0) -> None:
@@ -245,11 +258,20 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
         return 2
     supernode: subprocess.Popen[bytes] | None = None
     executor: subprocess.Popen[bytes] | None = None
+    # The wake-up pipe (module notes); kept open here so a restarted child gets its end again.
+    wake_fd, notify_fd = os.pipe()
+
+    def start_supernode() -> subprocess.Popen[bytes]:
+        return _start(supernode_argv(args, notify_fd), notify_fd)
+
+    def start_executor() -> subprocess.Popen[bytes]:
+        return _start(executor_argv(args.port, args.poll_interval, os.getpid(), wake_fd), wake_fd)
+
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for s in previous:
         signal.signal(s, _raise_stop)
     try:
-        supernode = _start(supernode_argv(args))
+        supernode = start_supernode()
         echo(f"SuperNode pid {supernode.pid} (process isolation, Runtime API "
              f"127.0.0.1:{args.port}); device settings from {source}")
         pause, started = 1.0, time.monotonic()
@@ -257,7 +279,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
         # old one went offline at most the window after the runner started: an attempt begun
         # after that (plus a margin for the SuperLink's clock) is the last one made.
         attempt, window_ends = started, started + HEARTBEAT_WINDOW_S + REACTIVATE_PAUSE_S
-        executor = _start(executor_argv(args.port, args.poll_interval, os.getpid()))
+        executor = start_executor()
         while True:
             code = supernode.poll()
             if code not in (None, 0) and args.auth_supernode_private_key \
@@ -266,7 +288,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
                      f"how the SuperLink refuses a key whose earlier registration is still "
                      f"online: starting it again in {REACTIVATE_PAUSE_S:.0f} s")
                 time.sleep(REACTIVATE_PAUSE_S)
-                attempt, supernode = time.monotonic(), _start(supernode_argv(args))
+                attempt, supernode = time.monotonic(), start_supernode()
                 continue
             if code is not None:
                 echo(f"the SuperNode exited with code {code}; stopping the executor")
@@ -279,7 +301,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
                 # A crash loop backs off (up to 30 s); one that ran a while starts afresh.
                 pause = 1.0 if ran > 60 else min(pause * 2, 30.0)
                 started = time.monotonic()
-                executor = _start(executor_argv(args.port, args.poll_interval, os.getpid()))
+                executor = start_executor()
             time.sleep(0.2)
     except _Stop as stop:
         echo(f"signal {stop.signum}: stopping the SuperNode and the executor")
@@ -289,5 +311,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
             signal.signal(s, signal.SIG_IGN)  # no second signal interrupts the cleanup
         _stop(executor)
         _stop(supernode)
+        os.close(wake_fd)
+        os.close(notify_fd)
         for s, handler in previous.items():
             signal.signal(s, handler)

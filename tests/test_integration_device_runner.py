@@ -123,6 +123,11 @@ def test_a_run_over_the_device_runner(federation: Federation) -> None:
     # One warm executor per SuperNode served every message (no process per message), and the
     # SuperNode started no executor of its own (no flower-superexec, no flwr-clientapp).
     assert logs.count("warm executor") == 2
+    # Each executor was woken by its SuperNode for a task (a broken wake-up leaves every task to
+    # the 5 s idle poll, which logs "by the idle poll").
+    for i in range(2):
+        log = (federation.logs / f"supernode-{i}.log").read_text(errors="replace")
+        assert "task found woken by the SuperNode" in log, log[-3000:]
     for i in range(2):
         tree = psutil.Process(federation.procs.procs[f"supernode-{i}"].pid).children(
             recursive=True)

@@ -133,7 +133,7 @@ def test_the_runner_restarts_a_crashed_executor_and_exits_with_its_supernode(
     # the "executor" crashes at once, every time.
     py = sys.executable
     monkeypatch.setattr(supernode, "supernode_argv",
-                        lambda args: [py, "-c", "import time, sys; time.sleep(3); sys.exit(7)"])
+                        lambda *a: [py, "-c", "import time, sys; time.sleep(3); sys.exit(7)"])
     monkeypatch.setattr(supernode, "executor_argv", lambda *a: [py, "-c", "raise SystemExit(3)"])
     lines: list[str] = []
 
