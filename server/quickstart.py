@@ -25,7 +25,7 @@ The quickstart keeps that privacy and changes only what the method leaves free:
   device 4 of d-privacy (24 in all).
 
 Measured in process (docs/RESULTS.md, "Small federations") and over real processes
-(docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take ~4 s a round.
+(docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take 3-4 s a round.
 """
 
 from __future__ import annotations
