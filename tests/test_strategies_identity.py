@@ -224,7 +224,7 @@ def run_runner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keyed: bool,
 
     clock, starts = _Clock(), []
 
-    def start(argv: list[str]) -> _Proc:
+    def start(argv: list[str], pass_fd: int | None = None) -> _Proc:
         if "client.executor" in argv:
             return _Proc(None, -1)
         starts.append(clock.now)
