@@ -9,8 +9,11 @@ of its own (registered too), announces SuperNode 1's name. The restarted device 
 its key's node id and its replies count; the fourth is never asked to train, so it charges
 nothing.
 
-Kept small: a round costs ~6-12 s here, the heartbeat window up to 60 s; a device that missed
-three rounds rests seven (strategies.sampling), hence 18 rounds.
+Kept small: a device that missed three rounds rests seven (strategies.sampling), hence 18
+rounds. The dead registration stays online for the SuperLink's heartbeat window (up to 60 s),
+and a round without a miss takes about a second, so the run's length is its misses: the round
+timeout is 25 s, so that rounds 2, 4 and 8, asked of the dead registration, outlast that window
+(with 15 s the run could end before the restarted device was let back in).
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ def test_a_restarted_authenticated_device_counts_under_its_key_and_an_impostor_i
     result = launch(
         supernodes=3, auth=True, out_dir=out, echo=lambda _: None, timeout=500,
         run_config={"num-rounds": ROUNDS, "clients-per-round": 3, "min-replies": 2,
-                    "patience": 0, "seed": 9, "round-timeout": 15.0},
+                    "patience": 0, "seed": 9, "round-timeout": 25.0},
         on_line=chaos,
     )
 
