@@ -89,13 +89,14 @@ class PollingGrid(Grid):
         self.interval = interval
         self._lock = threading.Lock()
         self._push_lock = threading.Lock()
-        self._waiting: dict[str, Future[Message]] = {}
-        self._deadlines: dict[str, float | None] = {}
+        # Each instruction in flight: the future its reply resolves, and its deadline.
+        self._waiting: dict[str, tuple[Future[Message], float | None]] = {}
         # Replies handed over whose objects a worker pulls: not asked for again, since the
         # SuperLink deleted their instruction and would answer "Message Unavailable".
         self._pulling: set[str] = set()
         self._poller: threading.Thread | None = None
-        self._workers: ThreadPoolExecutor | None = None
+        # Threads start with the first reply pulled (none on an in-memory grid).
+        self._workers = ThreadPoolExecutor(REPLY_WORKERS, "gpfl-reply-pull")
 
     def set_run(self, run: Run) -> None:
         """Flower's ``Grid.set_run``, on the wrapped grid."""
@@ -144,8 +145,8 @@ class PollingGrid(Grid):
         end = None if timeout is None else time.monotonic() + timeout + DEADLINE_GRACE
         with self._lock:
             for mid in ids:
-                futures[mid] = self._waiting[mid] = Future()
-                self._deadlines[mid] = end
+                futures[mid] = Future()
+                self._waiting[mid] = (futures[mid], end)
             if self._poller is None:
                 self._poller = threading.Thread(target=self._poll, name="gpfl-grid-poller",
                                                  daemon=True)
@@ -162,7 +163,6 @@ class PollingGrid(Grid):
             with self._lock:
                 for mid in ids:
                     self._waiting.pop(mid, None)
-                    self._deadlines.pop(mid, None)
                     self._pulling.discard(mid)
         if ids and not replies:
             raise TimeoutError(f"no reply within the round's deadline ({timeout} s)")
@@ -195,9 +195,9 @@ class PollingGrid(Grid):
         with self._lock:
             for reply in replies:
                 self._pulling.discard(reply.metadata.reply_to_message_id)
-                future = self._waiting.pop(reply.metadata.reply_to_message_id, None)
-                if future is not None and not future.done():
-                    future.set_result(reply)
+                waiting = self._waiting.pop(reply.metadata.reply_to_message_id, None)
+                if waiting is not None and not waiting[0].done():
+                    waiting[0].set_result(reply)
 
     def _pull_envelopes(self, grid: HttpGrid, ids: list[str]) -> None:
         """Ask the SuperLink for the replies stored so far; pull each one's objects apart.
@@ -210,15 +210,12 @@ class PollingGrid(Grid):
         for proto, tree in zip(res.messages_list, res.message_object_trees, strict=True):
             reply_to = proto.metadata.reply_to_message_id
             with self._lock:
-                if reply_to not in self._waiting:  # its round is over: nobody to give it to
+                waiting = self._waiting.get(reply_to)
+                if waiting is None:  # its round is over: nobody to give it to
                     continue
-                end = self._deadlines.get(reply_to)
                 self._pulling.add(reply_to)
-                if self._workers is None:
-                    self._workers = ThreadPoolExecutor(REPLY_WORKERS, "gpfl-reply-pull")
-                workers = self._workers
-            workers.submit(self._pull_reply, grid, client, proto.metadata.message_id,
-                           reply_to, tree, end)
+            self._workers.submit(self._pull_reply, grid, client, proto.metadata.message_id,
+                                 reply_to, tree, waiting[1])
 
     def _pull_reply(self, grid: HttpGrid, client: Any, msg_id: str, reply_to: str,
                     tree: Any, end: float | None) -> None:

@@ -9,7 +9,16 @@ from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
+from flwr.app import ArrayRecord, Error, Metadata, RecordDict
+from flwr.app.message import make_message, remove_content_from_message
+from flwr.common.constant import ErrorCode
+from flwr.common.serde import message_to_proto
+from flwr.proto.message_pb2 import PullObjectResponse
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+from flwr.supercore.run import Run
+from flwr.superlink.grid.http_grid import HttpGrid
 
 from server import polling
 from server.polling import PollingGrid
@@ -129,13 +138,6 @@ class StoredReplies:
     """
 
     def __init__(self, replies: dict[str, Any], unfinished: set[str]) -> None:
-        from flwr.app.message import remove_content_from_message
-        from flwr.common.serde import message_to_proto
-        from flwr.supercore.inflatable.inflatable_object import (
-            get_all_nested_objects,
-            get_object_tree,
-        )
-
         self.envelopes = {
             reply_to: (message_to_proto(remove_content_from_message(reply)),
                        get_object_tree(reply))
@@ -151,11 +153,6 @@ class StoredReplies:
     def PullMessages(self, request: Any) -> Any:  # Flower's RPC names
         # The SuperLink hands an envelope over once and deletes the instruction with it; an
         # instruction asked for again is answered with its "Message Unavailable" error.
-        from flwr.app import Error, Metadata
-        from flwr.app.message import make_message
-        from flwr.common.serde import message_to_proto
-        from flwr.supercore.inflatable.inflatable_object import get_object_tree
-
         found = []
         for mid in request.message_ids:
             if mid in self.envelopes:
@@ -166,15 +163,14 @@ class StoredReplies:
                     metadata=Metadata(run_id=1, message_id="", src_node_id=7, dst_node_id=1,
                                       reply_to_message_id=mid, group_id="", ttl=60,
                                       message_type="train", created_at=time.time()),
-                    error=Error(code=3, reason="Error: Message Unavailable"))
+                    error=Error(code=ErrorCode.MESSAGE_UNAVAILABLE,
+                                reason="Error: Message Unavailable"))
                 self.objects[error.object_id] = error.deflate()
                 found.append((message_to_proto(error), get_object_tree(error)))
         return SimpleNamespace(messages_list=[p for p, _ in found],
                                message_object_trees=[t for _, t in found])
 
     def PullObject(self, request: Any) -> Any:
-        from flwr.proto.message_pb2 import PullObjectResponse
-
         if request.object_id in self.withheld:
             return PullObjectResponse(object_found=True, object_available=False)
         return PullObjectResponse(object_found=True, object_available=True,
@@ -186,10 +182,6 @@ class StoredReplies:
 
 def _reply(reply_to: str, value: float) -> Any:
     """A device's reply to instruction ``reply_to``: one array, several objects."""
-    import numpy as np
-    from flwr.app import ArrayRecord, Metadata, RecordDict
-    from flwr.app.message import make_message
-
     reply = make_message(
         metadata=Metadata(run_id=1, message_id="", src_node_id=7, dst_node_id=1,
                           reply_to_message_id=reply_to, group_id="", ttl=60,
@@ -203,9 +195,6 @@ def test_a_reply_whose_upload_never_finishes_holds_up_only_its_own_device() -> N
     # Prepare: Flower's HTTP grid over a stand-in Runtime API holding three devices' replies;
     # the middle device died mid-upload. (Flower's own pull_messages would retry its objects
     # for up to two hours, holding the two finished replies with it.)
-    from flwr.supercore.run import Run
-    from flwr.superlink.grid.http_grid import HttpGrid
-
     replies = {f"m{i}": _reply(f"m{i}", float(i)) for i in range(3)}
     store = StoredReplies(replies, unfinished={"m1"})
 
