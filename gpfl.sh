@@ -3,7 +3,7 @@
 # pyproject.toml changes), then runs a gpfl command or the test suite.
 #
 #   ./gpfl.sh launch [options]   the main job: a local federation of real Flower processes
-#   ./gpfl.sh test [pytest args] ruff, mypy, import-linter and the whole test suite (~15 min on 2 cores)
+#   ./gpfl.sh test [pytest args] ruff, mypy, import-linter and the whole test suite (~25 min on 2 cores)
 #   ./gpfl.sh experiment NAME [options]   one of the papers' experiments (python -m experiments)
 #   ./gpfl.sh report [--full] [options]   every experiment (--quick unless --full; ~5 h on 2 cores), then docs/RESULTS.md
 #   ./gpfl.sh <any gpfl subcommand>

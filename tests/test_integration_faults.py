@@ -136,8 +136,10 @@ def _holding_fit(self, parameters, config):
     deadline = _time.monotonic() + 300
     while not stopped and _time.monotonic() < deadline:
         _time.sleep(0.05)
-    _signal.signal(_signal.SIGTERM, previous)
+    # The launcher signals the whole tree and the runner signals its executor again: a second
+    # SIGTERM during the fit would end it before the charge, so the handler stays until then.
     result = _honest_fit(self, parameters, config)  # charged after the SuperLink died
+    _signal.signal(_signal.SIGTERM, previous)
     if stopped:
         raise SystemExit(128 + stopped[0])
     return result

@@ -56,15 +56,20 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
     # Assert: every device's spend exactly once, and what summary.json reports (the devices'
     # reports and the ledgers read after the run) is what each ledger holds. The kill can cost
     # a device round 2 either way: its instruction lost with the SuperLink (not trained, not
-    # charged: one release fewer) or its reply lost in flight (charged, not counted: one
-    # participation fewer). It can never cost a charge twice: at most one release a round.
+    # charged; Flower marks an instruction delivered when a device's pull reaches the
+    # SuperLink, so a pull the kill cut off loses it, and the device, missing that round, then
+    # rests in round 3: sampled twice, one release) or its reply lost in flight (charged, not
+    # counted: one participation fewer). It can never cost a charge twice, nor a charge without
+    # an instruction: at most one release a round the device was asked, and at most one round
+    # lost to the kill.
     names = sorted(summary["privacy"]["per_client"])
     assert names == ["client-0", "client-1"]
     spend = ledger_spend(out / "ledgers", names)
     for name in names:
         releases, d_privacy = spend[name]
         client = summary["privacy"]["per_client"][name]
-        assert 2 <= releases <= 3, (name, releases, history)
+        assert 2 <= client["sampled"] <= 3, (name, client, history)
+        assert client["sampled"] - 1 <= releases <= client["sampled"], (name, client, releases)
         assert client["participations"] <= releases <= client["participations"] + 1, (
             name, client, releases)
         assert d_privacy == pytest.approx(releases * N_OVER_NU)
