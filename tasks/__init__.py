@@ -29,6 +29,9 @@ see docs/REPRODUCING.md).
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -71,12 +74,50 @@ def installed_tasks() -> dict[str, EntryPoint]:
     """Return every task name registered in the ``gpfl.tasks`` entry-point group.
 
     Nothing is imported: an `EntryPoint` is the ``module:attribute`` a package declares.
+    The answer is kept until an import-path directory changes (:func:`_installation`): a
+    device asks at every round, and reading every installed package's metadata cost each
+    release ~6 ms, 87 % of a synthetic-task ``fit``. Installing or removing a package creates
+    or deletes its metadata directory, which changes its directory's modification time, so
+    a plugin installed while the device runs is seen at its next round.
 
     Raises
     ------
     TaskNotInstalledError
         If two installed packages register the same name (which one to run would be a guess).
     """
+    key = _installation()
+    with _CACHE_LOCK:
+        cached = _CACHE.get(key)
+    if cached is not None:
+        return dict(cached)
+    found = _scan()
+    with _CACHE_LOCK:
+        _CACHE.clear()
+        _CACHE[key] = found
+    return dict(found)
+
+
+_CACHE: dict[tuple[Any, ...], dict[str, EntryPoint]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _installation() -> tuple[Any, ...]:
+    """Return what the entry points depend on, as a cache key.
+
+    The import path, each of its directories' modification time, and the function that reads
+    them (a test that replaces it is not answered from an earlier reading).
+    """
+    stamps: list[tuple[str, int | None]] = []
+    for entry in sys.path:
+        try:
+            stamps.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            stamps.append((entry, None))
+    return (entry_points, tuple(stamps))
+
+
+def _scan() -> dict[str, EntryPoint]:
+    """Read the entry-point group from the installed packages' metadata (no cache)."""
     found: dict[str, EntryPoint] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         previous = found.get(ep.name)

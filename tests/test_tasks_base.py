@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -57,6 +60,43 @@ def test_gpfl_registers_its_tasks_as_entry_points_in_its_pyproject() -> None:
     installed = tasks.installed_tasks()
     for name, target in ours.items():
         assert installed[name].value == target
+
+
+def _plugin(folder: Path, name: str) -> None:
+    """Write an installed distribution's metadata registering task ``name`` into ``folder``."""
+    info = folder / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[gpfl.tasks]\n{name} = tasks.synthetic:SyntheticTask\n")
+
+
+def test_installed_tasks_reads_the_metadata_once_and_again_after_an_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: an import-path directory of its own, and a count of the metadata readings.
+    monkeypatch.syspath_prepend(str(tmp_path))
+    readings: list[str] = []
+
+    def counted(group: str) -> Any:
+        readings.append(group)
+        return importlib.metadata.entry_points(group=group)
+
+    monkeypatch.setattr(tasks, "entry_points", counted)
+    first = tasks.installed_tasks()
+    # Asked again with nothing installed in between: answered without reading the metadata.
+    assert tasks.installed_tasks() == first and len(readings) == 1
+    assert "late-plugin" not in first
+    # A package installed while the process runs (its metadata directory appears on the path):
+    # seen at the next call, and its removal too.
+    _plugin(tmp_path, "late-plugin")
+    assert tasks.installed_tasks()["late-plugin"].value == "tasks.synthetic:SyntheticTask"
+    assert len(readings) == 2
+    shutil.rmtree(tmp_path / "late_plugin-0.1.dist-info")
+    assert "late-plugin" not in tasks.installed_tasks()
+    # A caller changing the returned mapping does not change the next answer.
+    tasks.installed_tasks().clear()
+    assert tasks.installed_tasks() == first
 
 
 def test_a_name_two_packages_register_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
