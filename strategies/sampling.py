@@ -22,6 +22,15 @@ Back-off
     :data:`MAX_REST`) before it is asked again: a dead or frozen device costs the round's
     deadline O(log rounds) times instead of every time it is drawn, and is asked again (and
     counted again once it answers) if it comes back.
+A round lost on the server's side
+    When no connected device counts towards the quorum and every one of them missed exactly
+    one round, the same round (:func:`lost_together`), that round was lost on the server's
+    side, not by the devices: a SuperLink restarted on its database after every asked device's
+    instruction was lost with it (Flower marks an instruction delivered when a device's pull
+    reaches the SuperLink, so a pull the crash cut off loses it), or a network outage at the
+    server longer than the round. They are asked again at once, as if they had answered,
+    instead of the run stopping. This is forgiven once: a device that misses again is back
+    under the rules above.
 """
 
 from __future__ import annotations
@@ -40,8 +49,8 @@ from strategies.device_keys import DeviceKeys
 from strategies.records import ClientRecord
 from strategies.replies import NameBook
 
-__all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "responsive", "rests",
-           "sample_devices"]
+__all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "lost_together",
+           "responsive", "rests", "sample_devices"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -70,6 +79,21 @@ def responsive(cids: Iterable[str], records: Mapping[str, ClientRecord]) -> list
     (new nodes included).
     """
     return [cid for cid in cids if cid not in records or records[cid].missed_in_a_row == 0]
+
+
+def lost_together(cids: Collection[str], records: Mapping[str, ClientRecord]) -> int | None:
+    """Return the round every one of ``cids`` missed as their only miss in a row, if there is one.
+
+    None unless ``cids`` is not empty, each has a record, each missed exactly one round since it
+    last answered (``missed_in_a_row == 1``), and that round is the same for all of them.
+    """
+    rounds = set()
+    for cid in cids:
+        record = records.get(cid)
+        if record is None or record.missed_in_a_row != 1:
+            return None
+        rounds.add(record.last_missed)
+    return rounds.pop() if len(rounds) == 1 else None
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
@@ -184,6 +208,13 @@ def sample_devices(
     available = current()
     records = records or {}
     alive = responsive(available, records)
+    lost = None if alive else lost_together(available, records)
+    if lost is not None:
+        _LOG.warning("round %d: all %d connected devices missed round %d and no other: taken as "
+                     "a round lost on the server's side; asking them again", t, len(available),
+                     lost)
+        records = {cid: r for cid, r in records.items() if cid not in available}
+        alive = responsive(available, records)
     if len(available) >= min_replies and len(alive) < min_replies:
         _LOG.warning("round %d: %d devices connected, %d of them answered their last round; "
                      "waiting up to %g s for min-replies=%d before asking anyone", t,

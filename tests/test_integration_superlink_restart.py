@@ -58,7 +58,8 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
     # a device round 2 either way: its instruction lost with the SuperLink (not trained, not
     # charged; Flower marks an instruction delivered when a device's pull reaches the
     # SuperLink, so a pull the kill cut off loses it, and the device, missing that round, then
-    # rests in round 3: sampled twice, one release) or its reply lost in flight (charged, not
+    # rests in round 3: sampled twice, one release; if both lost it, round 2 was lost on the
+    # server's side and both are asked in round 3) or its reply lost in flight (charged, not
     # counted: one participation fewer). It can never cost a charge twice, nor a charge without
     # an instruction: at most one release a round the device was asked, and at most one round
     # lost to the kill.

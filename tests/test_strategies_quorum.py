@@ -79,6 +79,43 @@ def test_no_device_is_asked_when_the_responsive_ones_cannot_make_the_quorum() ->
                                           "their last round, min-replies=3")
 
 
+def test_a_round_every_device_missed_is_forgiven_once_and_the_run_goes_on() -> None:
+    # Prepare: every device asked in round 1 misses it (their instructions lost with a
+    # SuperLink restarted on its database, say), min-replies 1.
+    manager = FakeManager(["a", "b", "c"])
+    strategy = make()
+    assert play(strategy, manager, 1, silent={"a", "b", "c"}) == ["a", "b", "c"]
+
+    # Execute: round 2 and, with every device silent again, round 3.
+    second = play(strategy, manager, 2, silent={"a", "b", "c"})
+    third = play(strategy, manager, 3, silent=set())
+
+    # Assert: round 2 asks them all at once (before: nobody answered their last round, so the
+    # run stopped as "too few devices" with three connected); a second shared miss is not
+    # forgiven: round 3 asks nobody and the run stops, resumable, saying why.
+    assert second == ["a", "b", "c"]
+    assert third == []
+    assert strategy.incomplete_reason == ("round 3: too few devices: 3 connected, 0 answered "
+                                          "their last round, min-replies=1")
+    assert [strategy.clients[c].missed_in_a_row for c in "abc"] == [2, 2, 2]
+
+
+def test_a_lost_round_is_one_that_every_connected_device_missed_and_only_it() -> None:
+    from strategies.records import ClientRecord
+    from strategies.sampling import lost_together
+
+    def rec(cid: str, misses: int, last: int) -> ClientRecord:
+        return ClientRecord(cid, missed_in_a_row=misses, last_missed=last)
+
+    same = {"a": rec("a", 1, 4), "b": rec("b", 1, 4)}
+    assert lost_together(["a", "b"], same) == 4
+    # Missed in different rounds, missed twice, or a device never asked: not a lost round.
+    assert lost_together(["a", "b"], {**same, "b": rec("b", 1, 3)}) is None
+    assert lost_together(["a", "b"], {**same, "b": rec("b", 2, 4)}) is None
+    assert lost_together(["a", "b", "c"], same) is None
+    assert lost_together([], same) is None
+
+
 def test_a_restarted_device_makes_the_quorum_and_takes_over_its_name() -> None:
     # Prepare: "a" (dev-a) dies in round 1 and restarts as node "a2", while its old node is
     # still registered.
