@@ -270,19 +270,22 @@ def launch(
     fed = Federation(workdir=out, tls=tls_files,
                      database=fresh_database(out) if superlink_database else None)
     fed.extra_env.update(cluster_env)
+    left: list[int] = []
     try:
         return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,
                     policy_file=policy_file, node_env=node_env, keys=keys, auth=auth,
                     app_dir=app_dir, config=config, echo=echo, timeout=timeout,
                     on_line=on_line, ledger_paths=ledger_paths)
     except KeyboardInterrupt:
-        # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on.
+        # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on. Stop
+        # first (closing twice is harmless): the ServerApp rewrites the summary every round.
+        left = fed.close()
         mark_incomplete(out, "interrupted (Ctrl-C or SIGTERM)")
         if (out / CHECKPOINT_NAME).is_file():
             echo(f"gpfl: interrupted; continue it with `gpfl launch --resume {out}`")
         raise
     finally:
-        left = fed.close()
+        left = fed.close() or left
         if left:
             echo(f"gpfl: could not stop PIDs {left}")
         if in_main:
