@@ -409,9 +409,12 @@ def test_a_run_survives_a_garbage_sending_device_and_a_killed_one(
         reasons = [reason for device, reason in entry["dropped"] if device == "client-1"]
         assert len(reasons) == 1 and expected[entry["round"]] in reasons[0], entry
     assert summary["privacy"]["per_client"]["client-1"]["dropped"] == 3
-    # Assert: the killed device missed the rounds after round 1; the hypotheses stayed finite
-    # and of the task's scale (the 1e12 release would have moved one to ~1e12).
-    assert summary["privacy"]["per_client"]["client-2"]["participations"] == 1
+    # Assert: the killed device took part until it died: in round 1, and in round 2 as well
+    # when the kill (sent once round 1's line reaches the launcher, about a second late: about
+    # a round under load) landed after its round-2 reply; never in round 3. The hypotheses
+    # stayed finite and of the task's scale (the 1e12 release would have moved one to ~1e12).
+    client2 = summary["privacy"]["per_client"]["client-2"]
+    assert client2["participations"] in (1, 2) and client2["last_round"] < 3, client2
     values = np.array(summary["last_hypotheses"], dtype=float)
     assert np.isfinite(values).all() and np.abs(values).max() < 100
     assert flower_processes() == []
