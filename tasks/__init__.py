@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from collections.abc import Mapping
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -85,20 +84,16 @@ def installed_tasks() -> dict[str, EntryPoint]:
     TaskNotInstalledError
         If two installed packages register the same name (which one to run would be a guess).
     """
-    key = _installation()
-    with _CACHE_LOCK:
-        cached = _CACHE.get(key)
-    if cached is not None:
-        return dict(cached)
-    found = _scan()
-    with _CACHE_LOCK:
-        _CACHE.clear()
-        _CACHE[key] = found
-    return dict(found)
+    global _LAST
+    key, last = _installation(), _LAST
+    if last is None or last[0] != key:
+        last = _LAST = (key, _scan())
+    return dict(last[1])
 
 
-_CACHE: dict[tuple[Any, ...], dict[str, EntryPoint]] = {}
-_CACHE_LOCK = threading.Lock()
+#: The last reading of the entry points and what it depended on (:func:`_installation`). One
+#: tuple, replaced whole: two threads asking at once at worst both read the metadata.
+_LAST: tuple[tuple[Any, ...], dict[str, EntryPoint]] | None = None
 
 
 def _installation() -> tuple[Any, ...]:
