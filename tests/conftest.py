@@ -65,6 +65,20 @@ def ledger_spend(folder: Path, names: Iterable[str]) -> dict[str, tuple[int, flo
     return out
 
 
+def write_task_plugin(folder: Path, name: str, target: str = "tasks.synthetic:SyntheticTask"
+                      ) -> Path:
+    """Write an installed distribution's metadata registering task ``name`` into ``folder``.
+
+    What pip leaves for a package that declares the task in its ``gpfl.tasks`` entry points;
+    ``folder`` on the import path makes it installed. Returns ``folder``.
+    """
+    info = folder / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[gpfl.tasks]\n{name} = {target}\n")
+    return folder
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Run the longest files first: ``slow`` ones, then ``integration`` ones, then the rest.
 

@@ -19,7 +19,7 @@ import pytest
 
 from experiments.tabular_seeds import POLICY, RUN, device_nodes, held_out_accuracy, write_files
 from server.launcher import Federation, project_root, stream_lines
-from tests.conftest import close_federation, descendants, ledger_spend
+from tests.conftest import close_federation, descendants, ledger_spend, write_task_plugin
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +33,6 @@ MARGIN = 0.15
 SERVER_ONLY = "server-only-linear"
 
 
-def server_only_plugin(folder: Path) -> Path:
-    """An installed distribution (its metadata) registering :data:`SERVER_ONLY`."""
-    info = folder / "server_only_task-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: server-only-task\n"
-                                   "Version: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        f"[gpfl.tasks]\n{SERVER_ONLY} = tasks.synthetic:SyntheticTask\n")
-    return folder
-
-
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Federation, dict]]:
     """A SuperLink and 4 SuperNodes, each with its own CSV; device 3 serves tabular only."""
@@ -53,7 +42,7 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Feder
     fed = Federation(workdir=work)
     try:
         # The ServerApp (started by the SuperLink) sees one more plugin than the devices do.
-        fed.extra_env["PYTHONPATH"] = str(server_only_plugin(work / "server-plugins"))
+        fed.extra_env["PYTHONPATH"] = str(write_task_plugin(work / "server-plugins", SERVER_ONLY))
         fed.start_superlink()
         del fed.extra_env["PYTHONPATH"]
         # Each device's file and its opted-in noise seed, as the experiment's seed SEED: with

@@ -31,6 +31,7 @@ from tasks.base import (
 from tasks.config import TaskSettingsError, require_at_least
 from tasks.fairness import FairnessTask
 from tasks.synthetic import SyntheticTask
+from tests.conftest import write_task_plugin
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,15 +63,6 @@ def test_gpfl_registers_its_tasks_as_entry_points_in_its_pyproject() -> None:
         assert installed[name].value == target
 
 
-def _plugin(folder: Path, name: str) -> None:
-    """Write an installed distribution's metadata registering task ``name`` into ``folder``."""
-    info = folder / f"{name.replace('-', '_')}-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        f"[gpfl.tasks]\n{name} = tasks.synthetic:SyntheticTask\n")
-
-
 def test_installed_tasks_reads_the_metadata_once_and_again_after_an_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -89,7 +81,7 @@ def test_installed_tasks_reads_the_metadata_once_and_again_after_an_install(
     assert "late-plugin" not in first
     # A package installed while the process runs (its metadata directory appears on the path):
     # seen at the next call, and its removal too.
-    _plugin(tmp_path, "late-plugin")
+    write_task_plugin(tmp_path, "late-plugin")
     assert tasks.installed_tasks()["late-plugin"].value == "tasks.synthetic:SyntheticTask"
     assert len(readings) == 2
     shutil.rmtree(tmp_path / "late_plugin-0.1.dist-info")
