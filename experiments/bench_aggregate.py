@@ -38,7 +38,7 @@ K = 5
 
 
 def _never(self, ins, timeout, group_id):
-    """Never called: ``aggregate_fit`` reads the node id alone."""
+    """Not implemented: ``aggregate_fit`` reads the node id alone (a probe finds no answer)."""
     raise NotImplementedError
 
 

@@ -113,7 +113,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "usable replies a round needs to change the hypotheses (fewer: they are kept); a "
             "round starts only once this many connected devices answered their last round (or were "
             "never asked yet; or all missed one round, the same: a round lost on the server's "
-            "side)", minimum=1),
+            "side; or missed only their last round and answer a query, which charges nothing)",
+            minimum=1),
     Setting("resume-from", str, "",
             "a run directory whose checkpoint the ServerApp continues from (\"\" = a fresh "
             "run); out-dir defaults to it"),

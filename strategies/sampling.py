@@ -31,6 +31,14 @@ A round lost on the server's side
     server longer than the round. They are asked again at once, as if they had answered,
     instead of the run stopping. This is forgiven once: a device that misses again is back
     under the rules above.
+A device asked whether it is alive
+    When the quorum is short otherwise, each connected device that missed only its last round
+    (one miss in a row: its instruction lost with a SuperLink restart, or its reply a moment
+    late) is asked its properties (:func:`probe`: Flower's ``get_properties``, which a gpfl
+    client answers with its name, reading no data and charging nothing), all at once within
+    the round's deadline. One that answers counts as responsive for this round and is not
+    rested; one that does not (a dead device still registered) stays out, and short of the
+    quorum the run stops as before. A device that misses again is back under the rules above.
 """
 
 from __future__ import annotations
@@ -40,8 +48,10 @@ import math
 import numbers
 import time
 from collections.abc import Collection, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from flwr.common import GetPropertiesIns
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
@@ -50,7 +60,7 @@ from strategies.records import ClientRecord
 from strategies.replies import NameBook
 
 __all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "lost_together",
-           "responsive", "rests", "sample_devices"]
+           "missed_once", "probe", "responsive", "rests", "sample_devices"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -94,6 +104,34 @@ def lost_together(cids: Collection[str], records: Mapping[str, ClientRecord]) ->
             return None
         rounds.add(record.last_missed)
     return rounds.pop() if len(rounds) == 1 else None
+
+
+def missed_once(cids: Iterable[str], records: Mapping[str, ClientRecord]) -> list[str]:
+    """Return those of ``cids`` whose record shows exactly one miss since they last answered."""
+    return [cid for cid in cids if cid in records and records[cid].missed_in_a_row == 1]
+
+
+def probe(proxies: Mapping[str, ClientProxy], timeout: float, server_round: int) -> set[str]:
+    """Ask every device of ``proxies`` its properties at once; return the node ids that answered.
+
+    A gpfl client answers with its name only (no data read, nothing charged). A device that
+    does not answer within ``timeout`` seconds, or whose answer fails, is not among them.
+    """
+    if not proxies:
+        return set()
+
+    def answers(cid: str) -> bool:
+        try:
+            proxies[cid].get_properties(GetPropertiesIns(config={}), timeout=timeout,
+                                        group_id=server_round)
+        except Exception as err:  # a dead device times out; any failure counts it out
+            _LOG.info("round %d: node %s did not answer: %s", server_round, cid, str(err)[:200])
+            return False
+        return True
+
+    cids = sorted(proxies)
+    with ThreadPoolExecutor(max_workers=min(len(cids), 64)) as pool:
+        return {cid for cid, ok in zip(cids, pool.map(answers, cids), strict=True) if ok}
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
@@ -215,11 +253,24 @@ def sample_devices(
                      lost)
         records = {cid: r for cid, r in records.items() if cid not in available}
         alive = responsive(available, records)
+    deadline = time.monotonic() + round_timeout
+    once = missed_once(available, records) if len(alive) < min_replies else []
+    if once:
+        _LOG.warning("round %d: %d of %d connected devices answered their last round, fewer than "
+                     "min-replies=%d; asking the %d that missed only their last round whether "
+                     "they are alive (nothing is charged)", t, len(alive), len(available),
+                     min_replies, len(once))
+        answered = probe({cid: available[cid] for cid in once}, round_timeout, t)
+        _LOG.warning("round %d: %d of %d answered; they count this round", t, len(answered),
+                     len(once))
+        records = {cid: r for cid, r in records.items() if cid not in answered}
+        available = current()  # a device restarted meanwhile registered as a new node
+        alive = responsive(available, records)
     if len(available) >= min_replies and len(alive) < min_replies:
         _LOG.warning("round %d: %d devices connected, %d of them answered their last round; "
                      "waiting up to %g s for min-replies=%d before asking anyone", t,
-                     len(available), len(alive), round_timeout, min_replies)
-        deadline = time.monotonic() + round_timeout
+                     len(available), len(alive), max(0.0, deadline - time.monotonic()),
+                     min_replies)
         while len(alive) < min_replies and time.monotonic() < deadline:
             # New nodes (a restarted device) raise the count; nothing else does.
             client_manager.wait_for(client_manager.num_available() + min_replies - len(alive),

@@ -106,9 +106,9 @@ def test_a_hung_supernode_costs_one_deadline_and_the_run_goes_on(
     assert flower_processes() == []
 
 
-#: Appended to a copy of the client that both devices run: in round 2 every device waits past
+#: Appended to a copy of the client that every device runs: in round 2 every device waits past
 #: the round's deadline before it trains (as in an outage at the server, the round is lost by
-#: all of them while each stays alive and connected).
+#: all of them while each stays alive and connected); in round 4 client-0 alone does.
 SLOW_ROUND_CLIENT = """
 
 import time as _time
@@ -117,7 +117,8 @@ _honest_fit = GpflClient.fit
 
 
 def _slow_fit(self, parameters, config):
-    if int(config.get("server-round", 0)) == 2:
+    late = int(config.get("server-round", 0))
+    if late == 2 or (late == 4 and self.policy.client_name == "client-0"):
         _time.sleep({seconds})
     return _honest_fit(self, parameters, config)
 
@@ -130,8 +131,9 @@ GpflClient.fit = _slow_fit
 def test_a_round_every_device_missed_is_asked_again_and_the_run_completes(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
-    # Prepare: 2 devices, both sampled every round, a 10 s deadline; in round 2 both answer
-    # 2 s after it (their late replies refused), then serve round 3 at once.
+    # Prepare: 3 devices, all sampled every round and all needed (min-replies 3), a 10 s
+    # deadline; in round 2 all three answer 2 s after it (their late replies refused), in
+    # round 4 client-0 alone does; each serves the next round at once.
     timeout = 10.0
     app = rogue_app(tmp_path / "slow-app")
     client = app / "client" / "numpy_client.py"
@@ -139,22 +141,26 @@ def test_a_round_every_device_missed_is_asked_again_and_the_run_completes(
         ROGUE_CLIENT, SLOW_ROUND_CLIENT.format(seconds=timeout + 2)))
 
     # Execute
-    result = launch(supernodes=2, out_dir=tmp_path / "run", echo=lambda _: None, timeout=240,
-                    app_dir=app, node_env={i: {"PYTHONPATH": str(app)} for i in range(2)},
-                    run_config={"num-rounds": 3, "clients-per-round": 2, "patience": 0,
-                                "seed": 3, "round-timeout": timeout})
+    result = launch(supernodes=3, out_dir=tmp_path / "run", echo=lambda _: None, timeout=240,
+                    app_dir=app, node_env={i: {"PYTHONPATH": str(app)} for i in range(3)},
+                    run_config={"num-rounds": 5, "clients-per-round": 3, "min-replies": 3,
+                                "patience": 0, "seed": 3, "round-timeout": timeout})
 
-    # Assert: round 2 lost by both devices, round 3 asked both at once and counted them; the
-    # run completes. Before, nobody had answered their last round: round 3 asked nobody and
-    # the run stopped ("too few devices: 2 connected, 0 answered their last round").
+    # Assert: round 2 lost by every device, round 3 asked them all at once and counted them
+    # (before, nobody had answered their last round: round 3 asked nobody and the run stopped,
+    # "too few devices: 3 connected, 0 answered their last round"). Round 4 lost by client-0
+    # alone: round 5 asked whether it was alive, it answered, and all three were asked and
+    # counted (before: "too few devices: 3 connected, 2 answered their last round").
     summary = result.summary
     history = {e["round"]: e for e in summary["history"] if e["round"]}
-    assert sorted(history[2]["missing"]) == ["client-0", "client-1"], history
-    assert summary["status"] == "complete" and summary["last_round"] == 3, summary.get(
+    assert sorted(history[2]["missing"]) == ["client-0", "client-1", "client-2"], history
+    assert history[4]["missing"] == ["client-0"], history
+    assert summary["status"] == "complete" and summary["last_round"] == 5, summary.get(
         "incomplete_reason")
-    assert history[3]["replies"] == 2, history
+    assert history[3]["replies"] == 3 and history[5]["replies"] == 3, history
     log = (tmp_path / "run" / "logs" / "flwr-run.log").read_text()
     assert "missed round 2 and no other: taken as a round lost on the server's side" in log
+    assert "round 5: 1 of 1 answered; they count this round" in log
     assert flower_processes() == []
 
 

@@ -8,7 +8,7 @@ same over real processes.
 from __future__ import annotations
 
 import numpy as np
-from flwr.common import Parameters
+from flwr.common import Code, GetPropertiesIns, GetPropertiesRes, Parameters, Status
 
 from server.results import RunRecorder, privacy_report
 from strategies import ClusteredStrategy
@@ -76,6 +76,41 @@ def test_no_device_is_asked_when_the_responsive_ones_cannot_make_the_quorum() ->
     assert asked == []
     assert {cid: strategy.clients[cid].sampled for cid in "abc"} == charged
     assert strategy.incomplete_reason == ("round 2: too few devices: 3 connected, 2 answered "
+                                          "their last round, min-replies=3")
+
+
+class AliveProxy(FakeProxy):
+    """A device that answers a query (its name) and counts how often it was asked."""
+
+    def __init__(self, cid: str) -> None:
+        super().__init__(cid)
+        self.queries = 0
+
+    def get_properties(self, ins: GetPropertiesIns, timeout: float | None,
+                       group_id: int | None) -> GetPropertiesRes:
+        self.queries += 1
+        return GetPropertiesRes(Status(Code.OK, ""), {"client-name": f"dev-{self.cid}"})
+
+
+def test_a_device_that_missed_one_round_and_answers_a_query_makes_the_quorum() -> None:
+    # Prepare: 3 devices, min-replies 3; "a" (alive) misses round 1 alone: its instruction
+    # lost, or its reply a moment late. "b" and "c" answered.
+    manager = FakeManager(["a", "b", "c"])
+    alive = AliveProxy("a")
+    manager.register(alive)
+    strategy = make(min_replies=3)
+    play(strategy, manager, 1, silent={"a"})
+
+    # Execute: round 2, then round 3 in which "a" misses again, then round 4.
+    second = play(strategy, manager, 2, silent={"a"})
+    fourth = [play(strategy, manager, t, silent=set()) for t in (3, 4)]
+
+    # Assert: asked whether it is alive, "a" counts and round 2 asks all three (before: 2 of
+    # 3 answered their last round, and the run stopped as "too few devices"). Missing twice
+    # in a row, it is not asked again: round 3 asks nobody, the run stops, resumable.
+    assert second == ["a", "b", "c"] and alive.queries == 1
+    assert fourth == [[], []] and alive.queries == 1
+    assert strategy.incomplete_reason == ("round 3: too few devices: 3 connected, 2 answered "
                                           "their last round, min-replies=3")
 
 
