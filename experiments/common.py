@@ -201,17 +201,23 @@ class Context:
                compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Return an in-process federation's result from the cache, or compute and keep it.
 
-        The file is ``<cache>/<experiment>/<stem>-<hash of keyed>.json``; ``--fresh`` computes
-        again. A result read back carries ``_cached``.
+        The file is ``<cache>/<experiment>/<stem>-<hash of keyed>.json``, with the seconds the
+        computation took (``_wall_s``, counted in ``federations_s`` whenever it is read back);
+        ``--fresh`` computes again. A result read back carries ``_cached``.
         """
         key = hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:12]
         path = self.cache / experiment / f"{stem}-{key}.json"
         if not self.fresh and path.is_file():
             self.reused += 1
-            return {**json.loads(path.read_text(encoding="utf-8")), "_cached": True}
+            kept = json.loads(path.read_text(encoding="utf-8"))
+            self.federation_s += float(kept.get("_wall_s", 0.0))
+            return {**kept, "_cached": True}
+        started = time.monotonic()
         result = compute()
+        wall = time.monotonic() - started
+        self.federation_s += wall
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result), encoding="utf-8")
+        path.write_text(json.dumps({**result, "_wall_s": wall}), encoding="utf-8")
         self.launched += 1
         return result
 

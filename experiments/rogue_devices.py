@@ -17,7 +17,8 @@ the round's other releases, which no engine would hand it): synthetic task, k = 
 Laplace ν = 5 (neighbourhood calibration), every device every round, E = 5, the quickstart's
 server update (``plateau``, ``reseed-after = 3``); each seed its own data draw, initial
 hypotheses and noise; devices 0 (and 1) are the rogues. The arms: *mean* (the papers' cluster
-mean) and *robust* (``cluster-aggregator = clipped-mean``, ``persistence-threshold = 3``).
+mean) and *robust* (``cluster-aggregator = clipped-mean``, ``persistence-threshold = 3``: the
+persistence test, and its trust weight on each release).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from strategies import ClusteredStrategy
 from strategies.clustering import nearest_hypothesis
 from strategies.norms import screen_norms
 from strategies.persistence import Persistence, residual_units
+from strategies.robust import cluster_and_aggregate
 
 NAME = "rogue-devices"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
@@ -74,7 +76,9 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
     """Return ``count`` identical releases as far from hypothesis 0 as the rules let all pass.
 
     The rules: the screening (each release's distance) and, when the strategy has one, the
-    persistence test (no rogue's summed residuals may reach its threshold this round).
+    persistence test (no rogue's summed residuals may reach its threshold this round; of the
+    levels below it, the rogue takes the one whose trust-weighted aggregate moves hypothesis 0
+    furthest).
 
     Parameters
     ----------
@@ -106,27 +110,14 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
 
     # Under the persistence test the rogue aims its *residual* (its offset from the cluster's
     # median offset, in units of the round's median residual) at the unit that pushes furthest
-    # away while its summed residuals stay below the threshold; the push along that unit is then
-    # as large as the rules allow.
-    start, aim = target, direction
-    if persistence.threshold > 0 and names and honest.shape[0]:
-        labels = nearest_hypothesis(honest, hypotheses)
-        mine = honest[labels == 0].astype(np.float64) - target
-        drift = np.median(mine, axis=0) if mine.shape[0] else np.zeros_like(target)
-        offsets = honest.astype(np.float64) - hypotheses[labels]
-        residuals = np.vstack([offsets[labels == j] - np.median(offsets[labels == j], axis=0)
-                               for j in np.unique(labels)])
-        tau = float(np.median(np.linalg.norm(residuals, axis=1)))
-        worst = max(names, key=persistence.statistic)
-        unit = best_unit(persistence.sums.get(worst), persistence.counts.get(worst, 0),
-                         direction, persistence.threshold)
-        start, aim = target + drift, unit * tau
-
-    def rows(r: float) -> np.ndarray:
+    # away while ‖S‖/√(n+1) stays below a level ρ ≤ c, then pushes as far as the rules allow.
+    # Its trust 1 − (ρ/c)² weighs that push: it tries ρ from 0.1 c to c, plays the server's
+    # aggregation on each and keeps the level that moves hypothesis 0 furthest away.
+    def rows_at(start: np.ndarray, aim: np.ndarray, r: float) -> np.ndarray:
         return np.tile((start + r * aim).astype(np.float32), (count, 1))
 
-    def passes(r: float) -> bool:
-        matrix = np.vstack([honest, rows(r)]).astype(np.float32)
+    def passes(start: np.ndarray, aim: np.ndarray, r: float, level: float) -> bool:
+        matrix = np.vstack([honest, rows_at(start, aim, r)]).astype(np.float32)
         sigmas = np.full(matrix.shape[0], np.nan)
         reasons, _ = screen_norms(matrix, hypotheses, sigmas, reference, strategy.norm_limits)
         if any(reason is not None for reason in reasons[-count:]):
@@ -134,22 +125,64 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
         if persistence.threshold <= 0:
             return True
         units = residual_units(matrix, hypotheses)[-count:]
-        return all(persistence.statistic(name, unit) < persistence.threshold
+        return all(persistence.statistic(name, unit) < level
                    for name, unit in zip(names, units, strict=True))
 
-    low, high = 0.0, 1e15
-    if passes(high):
-        return rows(high)
-    for _ in range(80):  # log-bisection, then linear: ~1e-9 relative
-        middle = math.sqrt(max(low, 1e-9) * high) if high / max(low, 1e-9) > 2 else (
-            (low + high) / 2)
-        low, high = (middle, high) if passes(middle) else (low, middle)
-    return rows(low)
+    def furthest(start: np.ndarray, aim: np.ndarray, level: float) -> np.ndarray:
+        low, high = 0.0, 1e15
+        if passes(start, aim, high, level):
+            return rows_at(start, aim, high)
+        for _ in range(80):  # log-bisection, then linear: ~1e-9 relative
+            middle = math.sqrt(max(low, 1e-9) * high) if high / max(low, 1e-9) > 2 else (
+                (low + high) / 2)
+            low, high = (middle, high) if passes(start, aim, middle, level) else (low, middle)
+        return rows_at(start, aim, low)
+
+    if not (persistence.threshold > 0 and names and honest.shape[0]):
+        return furthest(target, direction, math.inf)
+    labels = nearest_hypothesis(honest, hypotheses)
+    mine = honest[labels == 0].astype(np.float64) - target
+    drift = np.median(mine, axis=0) if mine.shape[0] else np.zeros_like(target)
+    offsets = honest.astype(np.float64) - hypotheses[labels]
+    residuals = np.vstack([offsets[labels == j] - np.median(offsets[labels == j], axis=0)
+                           for j in np.unique(labels)])
+    tau = float(np.median(np.linalg.norm(residuals, axis=1)))
+    worst = max(names, key=persistence.statistic)
+    best, score = None, -math.inf
+    for share in np.linspace(0.1, 1.0, 10):
+        level = share * persistence.threshold
+        unit = best_unit(persistence.sums.get(worst), persistence.counts.get(worst, 0),
+                         direction, level)
+        rows = furthest(target + drift, unit * tau, level)
+        moved = _aggregate_as_server(honest, rows, hypotheses, strategy, persistence, names)
+        if (moved - target) @ direction > score:
+            best, score = rows, float((moved - target) @ direction)
+    assert best is not None
+    return best
+
+
+def _aggregate_as_server(honest: np.ndarray, rows: np.ndarray, hypotheses: np.ndarray,
+                         strategy: ClusteredStrategy, persistence: Persistence,
+                         names: Sequence[str]) -> np.ndarray:
+    """Return hypothesis 0 as the server would make it (honest releases weigh 1 here)."""
+    matrix = np.vstack([honest, rows]).astype(np.float32)
+    units = residual_units(matrix, hypotheses)[-rows.shape[0]:]
+    trust = np.ones(matrix.shape[0])
+    for i, (name, unit) in enumerate(zip(names, units, strict=True)):
+        z = persistence.statistic(name, unit)
+        trust[honest.shape[0] + i] = max(0.0, 1.0 - (z / persistence.threshold) ** 2)
+    _, means = cluster_and_aggregate(
+        matrix, np.zeros(matrix.shape[0]), hypotheses.astype(np.float32),
+        aggregation="mean", cluster_aggregator=strategy.cluster_aggregator,
+        rng=np.random.default_rng(0), trust=trust)
+    return means[0].astype(np.float64)
 
 
 def best_unit(total: np.ndarray | None, count: int, direction: np.ndarray,
               threshold: float) -> np.ndarray:
-    """Return the residual unit (norm ≤ 1) furthest along ``direction`` with ‖S + u‖ < c·√(n+1).
+    """Return the residual unit (norm ≤ 1) furthest along ``direction`` with ‖S + u‖ < ρ·√(n+1).
+
+    ``threshold`` is the level ρ.
 
     ``total`` is the rogue's S so far and ``count`` its n; the search runs over the plane of
     ``direction`` and S (where the best unit lies), 721 angles × 101 lengths.
@@ -316,18 +349,22 @@ _TEXT = flow("""
 **Rogue devices.** An adaptive rogue (`experiments/rogue_devices.py`) is a real device that
 trains, charges its ledger honestly and releases, then replaces its release by the largest one
 the server's rules accept: it knows the rules, the round's other releases, the screening's
-reference and its own persistence sums, and finds the largest distance by bisection on the
-rules themselves, pushing the first hypothesis straight away from the other (two rogues push
-together). Each federation drives the real ServerApp components and ten real clients through
-Flower's `configure_fit` → `fit` → `aggregate_fit` → `evaluate` loop in one process (not on the
-Simulation Engine: the rogue reads the round's other releases, which no engine hands a client;
-over real processes `tests/test_integration_faults.py` runs a rogue ClientApp): synthetic
-task, k = 2, Laplace ν = 5, all 10 devices every round, E = 5, the quickstart's server update
-(`plateau`, `reseed-after = 3`); each seed its own data, initial hypotheses and noise; devices 0
-(and 1) are the rogues. *mean*: the papers' cluster mean; *robust*: `cluster-aggregator =
-clipped-mean` and `persistence-threshold = 3`. Success: both optima within 0.5 of a hypothesis,
-*last* (the last round's hypotheses) and *delivered* (the best validation round's), Wilson 95 %
-intervals.
+reference and its own persistence sums, and finds the largest distance by bisection on the rules
+themselves, pushing the first hypothesis straight away from the other (two rogues push
+together). Against the persistence test's trust weight (a release weighs 1 − (‖S‖/(c·√n))² in
+its cluster) it also chooses how far its sums may lean this round: of ten levels up to the
+threshold, the one whose aggregate, played as the server would, moves the hypothesis furthest
+(the best push of each round; a rogue planning over rounds could do more). Each federation
+drives the real ServerApp components and ten real clients through Flower's `configure_fit` →
+`fit` → `aggregate_fit` → `evaluate` loop in one process (not on the Simulation Engine: the
+rogue reads the round's other releases, which no engine hands a client; over real processes
+`tests/test_integration_faults.py` runs a rogue ClientApp): synthetic task, k = 2, Laplace ν =
+5, all 10 devices every round, E = 5, the quickstart's server update (`plateau`, `reseed-after =
+3`); each seed its own data, initial hypotheses and noise; devices 0 (and 1) are the rogues.
+*mean*: the papers' cluster mean; *robust*: `cluster-aggregator = clipped-mean` and
+`persistence-threshold = 3` (a device set aside once its sums reach the threshold, each release
+weighed by its trust until then). Success: both optima within 0.5 of a hypothesis, *last* (the
+last round's hypotheses) and *delivered* (the best validation round's), Wilson 95 % intervals.
 """)
 
 

@@ -228,7 +228,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
     # Across rounds (strategies.persistence): post-processing of the releases the server holds.
     Setting("persistence-threshold", float, 0.0,
             "set a device aside (its releases left out, not asked again) once its releases' "
-            "summed residuals pass this many times the square root of their count (0 = off)",
+            "summed residuals pass this many times the square root of their count, and until "
+            "then weigh each release by 1 - (that ratio / this)^2 in its cluster (0 = off)",
             group="aggregation", minimum=0.0, maximum=1e3),
     # Post-processing of the releases by the server (strategies.server_update): nothing is sent
     # to a device and nothing is charged, so no choice here can weaken a device's privacy.

@@ -138,6 +138,7 @@ def cluster_means(
     hypotheses: np.ndarray,
     mode: str,
     rng: np.random.Generator,
+    trust: np.ndarray | None = None,
 ) -> np.ndarray:
     """Budget-weighted mean of each cluster's releases; an empty cluster keeps its hypothesis.
 
@@ -156,6 +157,9 @@ def cluster_means(
     rng : np.random.Generator
         Passed to :func:`budget_weights` once per non-empty cluster, in increasing cluster
         order (so ``probability`` draws exactly one ω per non-empty cluster, cluster 0 first).
+    trust : np.ndarray, optional
+        (m,) in (0, 1]: each release's budget weight is multiplied by it, and the cluster's
+        weights normalized again (:meth:`strategies.persistence.Persistence.trust`).
 
     Returns
     -------
@@ -168,6 +172,10 @@ def cluster_means(
         members = np.flatnonzero(labels == j)
         if members.size:
             weights[j, members] = budget_weights(sigmas[members], mode, rng)
+            if trust is not None:
+                scaled = weights[j, members] * trust[members].astype(np.float32)
+                if scaled.sum() > 0:
+                    weights[j, members] = scaled / scaled.sum()
     # One (k × m)·(m × n) product in float32 (a float64 weight matrix would upcast the
     # whole m × n matrix).
     means = weights @ released

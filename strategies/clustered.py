@@ -329,7 +329,7 @@ class ClusteredStrategy(RecordedStrategy):
         else:
             labels, means = cluster_and_aggregate(
                 released, sigmas, self._flat, aggregation=self.aggregation,
-                cluster_aggregator=self.cluster_aggregator, rng=self._rng)
+                cluster_aggregator=self.cluster_aggregator, rng=self._rng, trust=intake.trust)
             new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
                                                    self.history, t, self._reseeded, self._inert)
         if kept is None and not np.isfinite(new_flat).all():

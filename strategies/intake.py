@@ -76,6 +76,9 @@ class Intake:
         (beyond their ``max-parameter``), before anything was charged.
     answering : int
         Devices that answered (a reply, a decline or an error).
+    trust : np.ndarray or None
+        (m,) each row's weight in its cluster from the persistence test
+        (:meth:`strategies.persistence.Persistence.trust`); None: every row weighs 1.
     """
 
     released: np.ndarray
@@ -88,6 +91,7 @@ class Intake:
     failures: int = 0
     refusing: list[tuple[str, str]] = field(default_factory=list)
     answering: int = 0
+    trust: np.ndarray | None = None
 
 
 #: What a device's error says when it refuses the hypotheses (client.release.check_instruction).

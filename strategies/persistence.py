@@ -17,10 +17,19 @@ reaches ``persistence-threshold`` · √n is *set aside*: its release of that ro
 later one are left out of the clusters, and it is not asked again (its further releases would
 be charged for nothing). A device can reach the bound only once n > c², since ‖S‖ ≤ n.
 
+Before a device is set aside, its release weighs ``trust`` = 1 − (‖S‖ / (c·√n))² in its
+cluster (``mean`` and ``clipped-mean``; :meth:`Persistence.trust`), with S and n including the
+round's own release, so a release that leans further costs its device weight in that same round.
+An honest device's statistic stays near 1 (‖S‖²/n is about the mean squared unit), a weight of
+about 0.9 at c = 3 that every honest device shares; a device that keeps its statistic at z gets
+weight 1 − (z/c)².
+
 What it bounds. A device that knows the rule keeps ‖S‖ below c·√n: the part of its releases
 that leans one way sums to at most c·√n·τ over n rounds, the same order as the honest noise of
-one device over those rounds, so its average push per round falls as c·τ/√n. Before n reaches
-c² nothing is bounded beyond what the cluster aggregator bounds.
+one device over those rounds, so its average push per round falls as c·τ/√n. With the trust
+weight, what it moves is its push times its weight, (1 − (z/c)²)·z·√n·τ at most, largest at
+z = c/√3: 0.38·c·√n·τ, as if the threshold were 0.38·c, while honest devices keep most of their
+weight. Before n reaches c² nothing is set aside, but the weight already applies.
 
 What it costs. Honest residuals are not exactly zero-mean: a device whose data differ from its
 cluster's pulls the same way every round too, by its share of the heterogeneity. The statistic
@@ -113,6 +122,15 @@ class Persistence:
             return 0.0
         return float(np.linalg.norm(total)) / math.sqrt(count)
 
+    def trust(self, name: str) -> float:
+        """Return the weight of ``name``'s release in its cluster: 1 − (‖S‖ / (c·√n))², ≥ 0.
+
+        1 when the test is off or nothing is summed yet (see the module notes).
+        """
+        if self.threshold <= 0:
+            return 1.0
+        return max(0.0, 1.0 - (self.statistic(name) / self.threshold) ** 2)
+
     def update(self, server_round: int, names: Sequence[str], units: np.ndarray) -> list[str]:
         """Add one round's residual units; return the devices set aside by it.
 
@@ -173,3 +191,4 @@ def set_aside_persistent(server_round: int, intake: Intake, hypotheses: np.ndarr
     intake.released = intake.released[keep]
     intake.sigmas = intake.sigmas[keep]
     intake.cids = [intake.cids[i] for i in keep]
+    intake.trust = np.array([persistence.trust(labels[i]) for i in keep], dtype=np.float64)

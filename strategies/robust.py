@@ -106,13 +106,20 @@ def trimmed(m: int) -> int:
     return min(math.ceil(ROBUST_FRACTION * m), (m - 1) // 2)
 
 
-def _one_cluster(rows: np.ndarray, method: str, anchor: np.ndarray, radius: float) -> np.ndarray:
-    """Return the robust aggregate of one cluster's (m, n) releases, in float64."""
+def _one_cluster(rows: np.ndarray, method: str, anchor: np.ndarray, radius: float,
+                 trust: np.ndarray | None = None) -> np.ndarray:
+    """Return the robust aggregate of one cluster's (m, n) releases, in float64.
+
+    ``trust`` (one weight per row) weighs the clipped offsets of ``clipped-mean``.
+    """
     m = rows.shape[0]
     if method == "clipped-mean":
         offsets = rows.astype(np.float64) - anchor
         norms = np.linalg.norm(offsets, axis=1)
-        return anchor + clip_offsets(offsets, norms, cluster_radius(norms, radius)).mean(axis=0)
+        clipped = clip_offsets(offsets, norms, cluster_radius(norms, radius))
+        if trust is not None and trust.sum() > 0:
+            return anchor + (trust[:, None] * clipped).sum(axis=0) / trust.sum()
+        return anchor + clipped.mean(axis=0)
     if m <= 2:
         return rows.astype(np.float64).mean(axis=0)
     results = [([row.astype(np.float64)], 1) for row in rows]
@@ -152,14 +159,15 @@ def cluster_radius(norms: np.ndarray, radius: float) -> float:
 
 def robust_cluster_aggregates(
     released: np.ndarray, labels: np.ndarray, hypotheses: np.ndarray, method: str,
-    radius: float = math.inf,
+    radius: float = math.inf, trust: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each cluster's robust aggregate; an empty cluster keeps its hypothesis.
 
     ``released``, ``labels`` and ``hypotheses`` are as in
     :func:`strategies.aggregation.cluster_means`; ``method`` is ``median``, ``trimmed-mean``
     or ``krum`` (see the module notes); ``radius`` bounds each release's offset from its
-    hypothesis (``clipped-mean``). Returns a new (k, n) float32 matrix.
+    hypothesis (``clipped-mean``, whose clipped offsets ``trust`` weighs, one weight per
+    release). Returns a new (k, n) float32 matrix.
 
     Raises
     ------
@@ -173,7 +181,8 @@ def robust_cluster_aggregates(
         members = np.flatnonzero(labels == j)
         if members.size:
             out[j] = _one_cluster(released[members], method, hypotheses[j].astype(np.float64),
-                                  radius).astype(np.float32)
+                                  radius, None if trust is None else trust[members]
+                                  ).astype(np.float32)
     return out
 
 
@@ -189,19 +198,20 @@ def _radius(released: np.ndarray, hypotheses: np.ndarray) -> float:
 
 
 def robust_clusters(
-    released: np.ndarray, hypotheses: np.ndarray, method: str
+    released: np.ndarray, hypotheses: np.ndarray, method: str, trust: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lloyd's iterations with a robust centroid; return (labels, (k, n) centroids).
 
     Starts from the hypotheses; only those that attract a release at the start take part (an
     empty cluster keeps its hypothesis); stops when no label changes (at most
     :data:`MAX_ITERATIONS`). A cluster of at most :func:`trimmed` (m) releases keeps its
-    hypothesis.
+    hypothesis. ``trust`` is passed to :func:`robust_cluster_aggregates`.
     """
     labels = nearest_hypothesis(released, hypotheses)
     used = np.unique(labels)
     radius = _radius(released, hypotheses)
-    centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius)
+    centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius,
+                                          trust)
     for _ in range(MAX_ITERATIONS):
         if used.size < 2:
             break
@@ -209,7 +219,8 @@ def robust_clusters(
         if np.array_equal(new, labels):
             break
         labels = new
-        centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius)
+        centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius,
+                                              trust)
     # A cluster no larger than the share of the round that may lie (trimmed(m)) could be made
     # of rogues only: it keeps its hypothesis (see the module notes).
     sizes = np.bincount(labels, minlength=hypotheses.shape[0])
@@ -221,13 +232,16 @@ def robust_clusters(
 def cluster_and_aggregate(
     released: np.ndarray, sigmas: np.ndarray, hypotheses: np.ndarray, *,
     aggregation: str, cluster_aggregator: str, rng: np.random.Generator,
+    trust: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Which cluster each release joins, and what each cluster becomes.
 
     ``cluster_aggregator="mean"``: :func:`strategies.clustering.assign_clusters` (k-means) and
     :func:`strategies.aggregation.cluster_means` with the ``aggregation`` weights (and
     ``rng``). Any other: :func:`robust_clusters`, which ignores the weights (a weight per
-    release is what a rogue would declare in its favour: the smallest σ).
+    release is what a rogue would declare in its favour: the smallest σ). ``trust`` (one
+    weight per release, from the persistence test) weighs ``mean`` and ``clipped-mean``; the
+    median, trimmed mean and Krum do not take weights.
 
     Returns
     -------
@@ -238,8 +252,9 @@ def cluster_and_aggregate(
     """
     if cluster_aggregator == "mean":
         labels = assign_clusters(released, hypotheses)
-        return labels, cluster_means(released, sigmas, labels, hypotheses, aggregation, rng)
-    labels, centroids = robust_clusters(released, hypotheses, cluster_aggregator)
+        return labels, cluster_means(released, sigmas, labels, hypotheses, aggregation, rng,
+                                     trust)
+    labels, centroids = robust_clusters(released, hypotheses, cluster_aggregator, trust)
     if cluster_aggregator == "clipped-mean" and aggregation != "mean":
         # The budget weights apply to the clipped releases: clipping bounds what one release
         # can do, the weights still favour the precise ones.
@@ -251,7 +266,7 @@ def cluster_and_aggregate(
         for j in np.unique(labels):
             by_cluster[j] = cluster_radius(norms[labels == j], radius)
         clipped = (anchors + clip_offsets(offsets, norms, by_cluster[labels])).astype(np.float32)
-        weighted = cluster_means(clipped, sigmas, labels, hypotheses, aggregation, rng)
+        weighted = cluster_means(clipped, sigmas, labels, hypotheses, aggregation, rng, trust)
         moved = ~np.all(centroids == hypotheses, axis=1)  # the clusters robust_clusters moved
         centroids[moved] = weighted[moved]
     return labels, centroids

@@ -59,6 +59,25 @@ def test_spec_key_depends_on_config_and_supernodes_only() -> None:
     assert FederationSpec("digits nu=0.1 k=2 seed=0", {}, 1).slug == "digits-nu=0.1-k=2-seed=0"
 
 
+def test_an_in_process_result_is_kept_with_its_time_and_counted_when_read_back(
+        tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def compute() -> dict[str, int]:
+        calls.append(1)
+        time.sleep(0.05)
+        return {"value": 7}
+
+    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache")
+    first = ctx.cached("exp", "cell", {"seed": 0}, compute)
+    again = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache")
+    second = again.cached("exp", "cell", {"seed": 0}, compute)
+    # Computed once; a later invocation that reads it back still counts what it cost.
+    assert calls == [1] and first["value"] == second["value"] == 7
+    assert second["_cached"] is True and (again.launched, again.reused) == (0, 1)
+    assert 0.05 <= ctx.federation_s == again.federation_s < 5
+
+
 def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeLaunch()

@@ -77,6 +77,34 @@ def test_off_and_round_trip() -> None:
     assert again.statistic("b") == on.statistic("b") == 0.5
 
 
+def test_trust_falls_with_the_statistic_and_weighs_each_release_in_its_cluster() -> None:
+    from strategies.aggregation import cluster_means
+    from strategies.robust import cluster_and_aggregate
+
+    persistence = Persistence(threshold=2.0)
+    persistence.update(1, ["a", "b"], np.array([[1.0, 0.0], [0.0, 0.0]]))
+    # ‖S‖/√n = 1 for a: 1 − (1/2)² = 0.75; b has summed nothing that leans: 1. Off: 1.
+    assert persistence.trust("a") == pytest.approx(0.75) and persistence.trust("b") == 1.0
+    assert Persistence(threshold=0.0).trust("a") == 1.0
+
+    # The mean: releases 0 and 10 weighted 1 and 0.25 → (0 + 2.5) / 1.25 = 2.
+    rows = np.array([[0.0], [10.0]], np.float32)
+    hypotheses = np.zeros((1, 1), np.float32)
+    labels = np.zeros(2, np.intp)
+    rng = np.random.default_rng(0)
+    trust = np.array([1.0, 0.25])
+    assert cluster_means(rows, np.zeros(2), labels, hypotheses, "mean", rng, trust)[0, 0] == (
+        pytest.approx(2.0))
+    assert cluster_means(rows, np.zeros(2), labels, hypotheses, "mean", rng)[0, 0] == 5.0
+    # Clipped mean: offsets 1, 2, 3 and 40 from hypothesis 0 (radius: the lower median, 2):
+    # clipped to 1, 2, 2, 2; the last weighted 0.25 → (1 + 2 + 2 + 0.5) / 3.25.
+    rows = np.array([[1.0], [2.0], [3.0], [40.0]], np.float32)
+    _, means = cluster_and_aggregate(rows, np.zeros(4), hypotheses, aggregation="mean",
+                                     cluster_aggregator="clipped-mean", rng=rng,
+                                     trust=np.array([1.0, 1.0, 1.0, 0.25]))
+    assert means[0, 0] == pytest.approx(5.5 / 3.25, rel=1e-6)
+
+
 def test_the_strategy_sets_a_pushing_device_aside_and_no_longer_asks_it() -> None:
     # Prepare: 8 honest devices release around hypothesis 0 with fresh noise each round; one
     # rogue releases 1.2 (about the noise's median norm) to the right of it every round.
