@@ -74,6 +74,12 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
         assert client["participations"] <= releases <= client["participations"] + 1, (
             name, client, releases)
         assert d_privacy == pytest.approx(releases * N_OVER_NU)
-        assert client["spend"] == pytest.approx(d_privacy)
         assert summary["ledgers"]["per_client"][name]["spend"] == pytest.approx(d_privacy)
+        # What the device's counted replies reported lags its ledger by the release whose
+        # reply the kill lost, if it was not asked again after it (it rested in round 3); the
+        # ledgers read after the run, above, hold that release.
+        lost = releases - client["participations"]
+        assert client["spend"] == pytest.approx(d_privacy) or (
+            lost == 1 and client["spend"] == pytest.approx(d_privacy - N_OVER_NU)), (
+            name, client, releases)
     assert flower_processes() == []
