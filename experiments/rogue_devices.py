@@ -169,8 +169,7 @@ def _aggregate_as_server(honest: np.ndarray, rows: np.ndarray, hypotheses: np.nd
     units = residual_units(matrix, hypotheses)[-rows.shape[0]:]
     trust = np.ones(matrix.shape[0])
     for i, (name, unit) in enumerate(zip(names, units, strict=True)):
-        z = persistence.statistic(name, unit)
-        trust[honest.shape[0] + i] = max(0.0, 1.0 - (z / persistence.threshold) ** 2)
+        trust[honest.shape[0] + i] = persistence.trust(name, unit)
     _, means = cluster_and_aggregate(
         matrix, np.zeros(matrix.shape[0]), hypotheses.astype(np.float32),
         aggregation="mean", cluster_aggregator=strategy.cluster_aggregator,

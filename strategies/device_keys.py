@@ -39,14 +39,15 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from flwr.common import GetPropertiesIns
+from flwr.common import GetPropertiesIns, GetPropertiesRes
 from flwr.server.client_proxy import ClientProxy
 
 from settings import SAMPLE_BY
 from strategies.identity import NODE_IDENTITY, refused_claims
 from strategies.replies import MAX_NAME, NAME_PATTERN, NameBook
 
-__all__ = ["SAMPLE_BY", "DeviceKeys", "draw_priority", "lowest_priorities", "seed_of"]
+__all__ = ["SAMPLE_BY", "DeviceKeys", "ask_properties", "draw_priority", "lowest_priorities",
+           "seed_of"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -162,22 +163,42 @@ class DeviceKeys:
         """Ask ``cids`` their names at once (each query waits on the network only)."""
         if not cids:
             return
-        with ThreadPoolExecutor(max_workers=min(len(cids), 64)) as pool:
-            names = list(pool.map(lambda cid: self._name_of(available[cid], server_round), cids))
+        answers = ask_properties({cid: available[cid] for cid in cids}, self.timeout,
+                                 server_round)
+        names = [_valid_name(answers.get(cid)) for cid in cids]
         self.announced.update(zip(cids, names, strict=True))
         unnamed = sum(1 for name in names if not name)
         if unnamed:
             _LOG.warning("round %d: %d of %d devices announced no valid client-name; they are "
                          "drawn by node id", server_round, unnamed, len(cids))
 
-    def _name_of(self, proxy: ClientProxy, server_round: int) -> str:
+
+def _valid_name(res: GetPropertiesRes | None) -> str:
+    """Return the ``client-name`` an answer announced, or "" (no answer, none, or invalid)."""
+    name = res.properties.get("client-name") if res is not None and res.properties else None
+    if isinstance(name, str) and len(name) <= MAX_NAME and NAME_PATTERN.fullmatch(name):
+        return name
+    return ""
+
+
+def ask_properties(proxies: Mapping[str, ClientProxy], timeout: float,
+                   server_round: int) -> dict[str, GetPropertiesRes]:
+    """Ask every device of ``proxies`` its properties at once; return the answers by node id.
+
+    A gpfl client answers with its name only (no data read, nothing charged). A device that
+    does not answer within ``timeout`` seconds, or whose answer fails, is left out (logged).
+    """
+    def one(cid: str) -> GetPropertiesRes | None:
         try:
-            res = proxy.get_properties(GetPropertiesIns(config={}), timeout=self.timeout,
-                                       group_id=server_round)
-        except Exception as err:  # a device that cannot answer is drawn by its node id
-            _LOG.info("node %s announced no name: %s", proxy.cid, str(err)[:200])
-            return ""
-        name = res.properties.get("client-name") if res.properties else None
-        if isinstance(name, str) and len(name) <= MAX_NAME and NAME_PATTERN.fullmatch(name):
-            return name
-        return ""
+            return proxies[cid].get_properties(GetPropertiesIns(config={}), timeout=timeout,
+                                               group_id=server_round)
+        except Exception as err:  # a dead device times out; any failure leaves it out
+            _LOG.info("round %d: node %s did not answer: %s", server_round, cid, str(err)[:200])
+            return None
+
+    cids = sorted(proxies)
+    if not cids:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(len(cids), 64)) as pool:
+        return {cid: res for cid, res in zip(cids, pool.map(one, cids), strict=True)
+                if res is not None}

@@ -122,14 +122,15 @@ class Persistence:
             return 0.0
         return float(np.linalg.norm(total)) / math.sqrt(count)
 
-    def trust(self, name: str) -> float:
+    def trust(self, name: str, unit: np.ndarray | None = None) -> float:
         """Return the weight of ``name``'s release in its cluster: 1 − (‖S‖ / (c·√n))², ≥ 0.
 
-        1 when the test is off or nothing is summed yet (see the module notes).
+        With ``unit`` added as one more release, as in :meth:`statistic`. 1 when the test is
+        off or nothing is summed yet (see the module notes).
         """
         if self.threshold <= 0:
             return 1.0
-        return max(0.0, 1.0 - (self.statistic(name) / self.threshold) ** 2)
+        return max(0.0, 1.0 - (self.statistic(name, unit) / self.threshold) ** 2)
 
     def update(self, server_round: int, names: Sequence[str], units: np.ndarray) -> list[str]:
         """Add one round's residual units; return the devices set aside by it.

@@ -34,11 +34,12 @@ A round lost on the server's side
 A device asked whether it is alive
     When the quorum is short otherwise, each connected device that missed only its last round
     (one miss in a row: its instruction lost with a SuperLink restart, or its reply a moment
-    late) is asked its properties (:func:`probe`: Flower's ``get_properties``, which a gpfl
-    client answers with its name, reading no data and charging nothing), all at once within
-    the round's deadline. One that answers counts as responsive for this round and is not
-    rested; one that does not (a dead device still registered) stays out, and short of the
-    quorum the run stops as before. A device that misses again is back under the rules above.
+    late) is asked its properties (:func:`strategies.device_keys.ask_properties`: Flower's
+    ``get_properties``, which a gpfl client answers with its name, reading no data and
+    charging nothing), all at once within the round's deadline. One that answers counts as
+    responsive for this round and is not rested; one that does not (a dead device still
+    registered) stays out, and short of the quorum the run stops as before. A device that
+    misses again is back under the rules above.
 """
 
 from __future__ import annotations
@@ -48,19 +49,17 @@ import math
 import numbers
 import time
 from collections.abc import Collection, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from flwr.common import GetPropertiesIns
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.device_keys import DeviceKeys
+from strategies.device_keys import DeviceKeys, ask_properties
 from strategies.records import ClientRecord
 from strategies.replies import NameBook
 
 __all__ = ["FORMING_GRACE_S", "MAX_REST", "check_int", "check_sampling", "lost_together",
-           "missed_once", "probe", "responsive", "rests", "sample_devices"]
+           "missed_once", "responsive", "rests", "sample_devices"]
 
 _LOG = logging.getLogger(__name__)
 
@@ -91,47 +90,20 @@ def responsive(cids: Iterable[str], records: Mapping[str, ClientRecord]) -> list
     return [cid for cid in cids if cid not in records or records[cid].missed_in_a_row == 0]
 
 
-def lost_together(cids: Collection[str], records: Mapping[str, ClientRecord]) -> int | None:
-    """Return the round every one of ``cids`` missed as their only miss in a row, if there is one.
-
-    None unless ``cids`` is not empty, each has a record, each missed exactly one round since it
-    last answered (``missed_in_a_row == 1``), and that round is the same for all of them.
-    """
-    rounds = set()
-    for cid in cids:
-        record = records.get(cid)
-        if record is None or record.missed_in_a_row != 1:
-            return None
-        rounds.add(record.last_missed)
-    return rounds.pop() if len(rounds) == 1 else None
-
-
 def missed_once(cids: Iterable[str], records: Mapping[str, ClientRecord]) -> list[str]:
     """Return those of ``cids`` whose record shows exactly one miss since they last answered."""
     return [cid for cid in cids if cid in records and records[cid].missed_in_a_row == 1]
 
 
-def probe(proxies: Mapping[str, ClientProxy], timeout: float, server_round: int) -> set[str]:
-    """Ask every device of ``proxies`` its properties at once; return the node ids that answered.
+def lost_together(cids: Collection[str], records: Mapping[str, ClientRecord]) -> int | None:
+    """Return the round every one of ``cids`` missed as their only miss in a row, if there is one.
 
-    A gpfl client answers with its name only (no data read, nothing charged). A device that
-    does not answer within ``timeout`` seconds, or whose answer fails, is not among them.
+    None unless ``cids`` is not empty, each missed exactly one round since it last answered
+    (:func:`missed_once`), and that round is the same for all of them.
     """
-    if not proxies:
-        return set()
-
-    def answers(cid: str) -> bool:
-        try:
-            proxies[cid].get_properties(GetPropertiesIns(config={}), timeout=timeout,
-                                        group_id=server_round)
-        except Exception as err:  # a dead device times out; any failure counts it out
-            _LOG.info("round %d: node %s did not answer: %s", server_round, cid, str(err)[:200])
-            return False
-        return True
-
-    cids = sorted(proxies)
-    with ThreadPoolExecutor(max_workers=min(len(cids), 64)) as pool:
-        return {cid for cid, ok in zip(cids, pool.map(answers, cids), strict=True) if ok}
+    once = missed_once(cids, records)
+    rounds = {records[cid].last_missed for cid in once}
+    return rounds.pop() if cids and len(once) == len(cids) and len(rounds) == 1 else None
 
 
 def check_int(name: str, value: object, *, minimum: int) -> int:
@@ -260,7 +232,7 @@ def sample_devices(
                      "min-replies=%d; asking the %d that missed only their last round whether "
                      "they are alive (nothing is charged)", t, len(alive), len(available),
                      min_replies, len(once))
-        answered = probe({cid: available[cid] for cid in once}, round_timeout, t)
+        answered = ask_properties({cid: available[cid] for cid in once}, round_timeout, t)
         _LOG.warning("round %d: %d of %d answered; they count this round", t, len(answered),
                      len(once))
         records = {cid: r for cid, r in records.items() if cid not in answered}
