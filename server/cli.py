@@ -175,8 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--app-defaults", action="store_true",
                    help="start from the app's run-config defaults (the paper's setting: 7 "
                         "clients a round, one local epoch) instead of the quickstart's (every "
-                        "SuperNode each round, 5 local epochs, the plateau server update, 50 "
-                        "rounds (100 below 16 SuperNodes); server/quickstart.py)")
+                        "SuperNode each round, 5 local epochs, the plateau server update, "
+                        "clipped-mean clusters with the persistence test, 60 rounds (100 below "
+                        "16 SuperNodes); server/quickstart.py)")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
     p.add_argument("--tls", action="store_true",

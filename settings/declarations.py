@@ -215,10 +215,12 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
             group="aggregation", minimum=0.0, open_minimum=True),
     # -- robust aggregation ----------------------------------------------------------------------
-    # What a cluster becomes when some of its members may lie (strategies.robust). The default
-    # stays the papers' plain mean, which every reproduction and the quickstart were measured
-    # with; docs/RESULTS.md ("rogue-devices") measures clipped-mean with the persistence test
-    # against adaptive rogues.
+    # What a cluster becomes when some of its members may lie (strategies.robust). The app's
+    # default is the papers' plain mean (their Algorithm 1, like every other app default);
+    # `gpfl launch` asks for clipped-mean with the persistence test (server/quickstart.py),
+    # which held against adaptive rogues where the mean lost every run (docs/RESULTS.md,
+    # "rogue-devices"), and which costs accuracy at a few devices a round with re-seeding
+    # ("digits-server-update").
     Setting("cluster-aggregator", str, "mean",
             "what each cluster becomes: the (budget-weighted) mean of its releases, that mean "
             "with each release clipped to its cluster's median distance (at most 3 times the "

@@ -91,8 +91,10 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
     assert first["_cached"] is False and second["_cached"] is True
     assert (ctx.launched, ctx.reused) == (1, 1)
     done = json.loads((ctx.run_dir(spec) / "done.json").read_text())
-    # The run config as launched: the experiments' draw by name, then the spec's own.
+    # The run config as launched: the experiments' draw by name and the papers' plain cluster
+    # mean, then the spec's own.
     assert done["run_config"] == {"sample-by": "name", "divergence-factor": 0.0,
+                                  "cluster-aggregator": "mean", "persistence-threshold": 0.0,
                                   "task": "synthetic", "seed": 0}
     assert fake.calls[0]["run_config"]["sample-by"] == "name"
     fresh = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", fresh=True)
@@ -168,11 +170,16 @@ def test_memory_monitor_measures_this_process() -> None:
 
 
 def test_profiles_follow_the_papers_where_asked() -> None:
-    full = accuracy_vs_nu.PROFILES["full"]
-    assert full["nus"] == [0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 15.0]
-    assert full["seeds"] == [0, 1, 2, 3, 4] and full["ks"] == [1, 2]
+    paper_nus = [0.0, 0.001, 0.01, 0.1, 1.0, 3.0, 5.0, 10.0, 15.0]
+    for profile in ("full", "quick"):  # the paper's nine ν at k = 2 with both of its losses
+        arms = {(k, loss): nus for k, loss, nus in accuracy_vs_nu.PROFILES[profile]["arms"]}
+        assert arms[2, "cross-entropy"] == arms[2, "rmse"] == paper_nus
+        assert accuracy_vs_nu.PROFILES[profile]["seeds"] == [0, 1, 2, 3, 4]
+    assert {k for k, _, _ in accuracy_vs_nu.PROFILES["full"]["arms"]} == {1, 2}
     grid = accuracy_vs_nu.specs("full", [0])
-    assert {spec.run_config["mechanism"] for nu, _, _, spec in grid if nu == 0} == {"none"}
+    assert {spec.run_config["mechanism"] for nu, *_, spec in grid if nu == 0} == {"none"}
+    assert {spec.run_config.get("loss", "cross-entropy") for _, _, loss, _, spec in grid
+            if loss == "rmse"} == {"rmse"}
     methods = {m: spec.run_config for m, _, spec in synthetic_ablation.specs("full", [0])}
     assert methods["ours"]["noise-multiplier"] == 5.0 and methods["ours"]["num-hypotheses"] == 2
     assert methods["fedavg"]["num-hypotheses"] == 1 and methods["ifca"]["mechanism"] == "none"

@@ -6,30 +6,38 @@ from pathlib import Path
 
 from experiments.common import Context
 from experiments.digits_server_update import TOLERANCE, UPDATES, grid, no_worse, section
+from server.quickstart import ROBUST_CLUSTERS
 
 
-def test_the_two_arms_of_a_seed_differ_only_in_the_server_update(tmp_path: Path) -> None:
+def test_the_arms_of_a_seed_differ_only_in_the_update_or_the_aggregation(tmp_path: Path) -> None:
     ctx = Context("digits-server-update", out=tmp_path, cache=tmp_path / "cache",
                   profile="quick")
 
     cells = grid(ctx)
 
-    # 5 seeds × ν ∈ {1, 5} × two updates, each with its own data draw (data-seed = seed).
-    assert len(cells) == 20
-    pairs: dict[tuple[float, int], dict[str, dict[str, object]]] = {}
+    # 5 seeds × ν ∈ {1, 5} × three arms, each seed with its own data draw (data-seed = seed).
+    assert len(cells) == 30
+    arms: dict[tuple[float, int], dict[str, dict[str, object]]] = {}
     for cell in cells:
         assert cell.spec is not None
         config = dict(cell.spec.config)
         assert config["data-seed"] == config["seed"] == cell.keys["seed"]
         assert config["task"] == "digits" and config["num-hypotheses"] == 2
-        pairs.setdefault((cell.keys["nu"], cell.keys["seed"]), {})[cell.keys["update"]] = config
-    for arms in pairs.values():
-        papers, plateau = arms["papers"], arms["plateau"]
-        differing = {key for key in papers.keys() | plateau.keys()
-                     if papers.get(key) != plateau.get(key)}
-        assert differing == {"server-update", "reseed-after"}
+        arms.setdefault((cell.keys["nu"], cell.keys["seed"]), {})[cell.keys["update"]] = config
+
+    def differing(a: dict[str, object], b: dict[str, object]) -> set[str]:
+        return {key for key in a.keys() | b.keys() if a.get(key) != b.get(key)}
+
+    for arm in arms.values():
+        papers, plateau, gpfl = arm["papers"], arm["plateau"], arm["gpfl"]
+        assert differing(papers, plateau) == {"server-update", "reseed-after"}
+        assert differing(plateau, gpfl) == {"cluster-aggregator", "persistence-threshold"}
         assert papers["server-update"] == "mean" and plateau["server-update"] == "plateau"
-    assert set(UPDATES) == {"papers", "plateau"}
+        assert papers["cluster-aggregator"] == plateau["cluster-aggregator"] == "mean"
+        # gpfl is what `gpfl launch` runs from 10 SuperNodes.
+        assert gpfl["cluster-aggregator"] == ROBUST_CLUSTERS["cluster-aggregator"]
+        assert gpfl["persistence-threshold"] == ROBUST_CLUSTERS["persistence-threshold"] > 0
+    assert set(UPDATES) == {"papers", "plateau", "gpfl"}
 
 
 def test_no_worse_reads_the_lower_end_of_the_paired_interval() -> None:

@@ -49,8 +49,10 @@ def test_the_criterion_reads_overlapping_wilson_intervals() -> None:
 
     text = "\n".join(section(rows))
 
-    assert "- robust, 1 rogue(s): 8/10 against 10/10 without: met" in text
-    assert "- robust, 2 rogue(s): 2/10 against 10/10 without: **not met**" in text
+    # The robust arm is what `gpfl launch` runs (server.quickstart.ROBUST_CLUSTERS).
+    assert "- robust (`gpfl launch`'s), 1 rogue(s): 8/10 against 10/10 without: met" in text
+    assert "- robust (`gpfl launch`'s), 2 rogue(s): 2/10 against 10/10 without: **not met**" \
+        in text
     assert "| robust | 0 | 10/10 [0.72, 1.00] |" in text
     # Paired by seed: seeds 5-9 are 3.0 for the mean and 0.2 for robust: mean −1.4.
     assert "- -1.400 [" in text

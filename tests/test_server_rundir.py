@@ -194,14 +194,14 @@ def test_resume_takes_the_federation_from_the_run_directory(
 def test_a_bare_launch_asks_for_the_quickstart_and_the_command_line_wins(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from server.quickstart import QUICKSTART_RUN_CONFIG, QUICKSTART_SUPERNODES
+    from server.quickstart import QUICKSTART_RUN_CONFIG, QUICKSTART_SUPERNODES, ROBUST_CLUSTERS
 
     seen: list[dict[str, Any]] = []
     monkeypatch.setattr("server.launcher.launch",
                         lambda **kwargs: seen.append(kwargs) or result("complete"))
     assert cli.main(["launch"]) == 0
     assert seen[-1]["supernodes"] == QUICKSTART_SUPERNODES
-    assert seen[-1]["run_config"] == {**QUICKSTART_RUN_CONFIG,
+    assert seen[-1]["run_config"] == {**QUICKSTART_RUN_CONFIG, **ROBUST_CLUSTERS,
                                       "clients-per-round": QUICKSTART_SUPERNODES}
     # Every SuperNode each round, whatever their number; a given key wins over the preset.
     assert cli.main(["launch", "--supernodes", "8", "--run-config", "local-epochs=2"]) == 0

@@ -20,7 +20,7 @@ from settings import SettingError
 from strategies import ClusteredStrategy
 from strategies.divergence import Divergence
 from strategies.records import ClientRecord, RoundRecord
-from tests.test_strategies_clustered import FakeManager, FakeProxy, hyp
+from tests.test_strategies_clustered import PLAIN_MEAN, FakeManager, FakeProxy, hyp
 from tests.test_strategies_faults import res
 from tests.test_strategies_quorum import NONE
 
@@ -120,7 +120,8 @@ def test_a_rogue_under_every_max_parameter_ends_the_run_diverged_naming_it(
     recorder = RunRecorder(tmp_path, {}, 10, "laplace")
     strategy = ClusteredStrategy(
         initial_hypotheses=hyp([0.0, 0.0]), clients_per_round=4, rng=np.random.default_rng(0),
-        evaluate_fn=_distance_loss, patience=0, on_round=recorder.on_round, round_timeout=0.2)
+        evaluate_fn=_distance_loss, patience=0, on_round=recorder.on_round, round_timeout=0.2,
+        **PLAIN_MEAN)
     recorder.attach(strategy)
     strategy.evaluate(0, NONE)
 
@@ -151,7 +152,7 @@ def test_the_count_of_bad_validations_survives_a_restore(tmp_path: Path) -> None
         return ClusteredStrategy(
             initial_hypotheses=hyp([0.0, 0.0]), clients_per_round=4,
             rng=np.random.default_rng(0), evaluate_fn=_distance_loss, patience=0,
-            round_timeout=0.2)
+            round_timeout=0.2, **PLAIN_MEAN)
 
     first = fresh()
     first.evaluate(0, NONE)

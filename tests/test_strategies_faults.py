@@ -17,7 +17,14 @@ from server.checkpoint import read_checkpoint, write_checkpoint
 from server.results import privacy_report, round_line
 from strategies import ClusteredStrategy
 from strategies.proxies import FAILED, MISSING, DeviceFailure, TracedProxy, classify_failure
-from tests.test_strategies_clustered import FakeManager, FakeProxy, hyp, one_layer, reply
+from tests.test_strategies_clustered import (
+    PLAIN_MEAN,
+    FakeManager,
+    FakeProxy,
+    hyp,
+    one_layer,
+    reply,
+)
 
 F32 = np.float32
 UNAVAILABLE = ("Message contains an Error (reason: Error: Message Unavailable - The requested "
@@ -34,7 +41,8 @@ def res(*layers: Sequence[float] | np.ndarray, name: str, sigma: float | None = 
 
 
 def make(hypotheses: list[list[np.ndarray]], **kwargs: Any) -> ClusteredStrategy:
-    settings: dict[str, Any] = {"clients_per_round": 8, "rng": np.random.default_rng(0)}
+    settings: dict[str, Any] = {"clients_per_round": 8, "rng": np.random.default_rng(0),
+                                **PLAIN_MEAN}
     settings.update(kwargs)
     return ClusteredStrategy(initial_hypotheses=hypotheses, **settings)
 

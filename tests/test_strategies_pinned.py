@@ -21,7 +21,7 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.server.client_proxy import ClientProxy
 
 from strategies import ClusteredStrategy
-from tests.test_strategies_clustered import FakeProxy
+from tests.test_strategies_clustered import PLAIN_MEAN, FakeProxy
 
 F32 = np.float32
 LABELS = [0, 1, 2, 0, 1, 2, 0, 1, 2, 1, 1, 2, 2, 1, 2]
@@ -117,7 +117,7 @@ def run_round(release: str, mode: str, seed: int = 7) -> tuple[np.ndarray, list[
         extra = {}
     strategy = ClusteredStrategy(initial_hypotheses=hypotheses, clients_per_round=15,
                                  release=release, aggregation=mode, keep_released=True,
-                                 rng=np.random.default_rng(seed), **extra)
+                                 rng=np.random.default_rng(seed), **PLAIN_MEAN, **extra)
     parameters, metrics = strategy.aggregate_fit(1, results(released, sigmas), [])
     assert parameters is not None
     strategy.evaluate(1, parameters)

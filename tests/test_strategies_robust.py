@@ -13,7 +13,7 @@ from experiments.rogue_devices import largest_accepted
 from strategies import ClusteredStrategy
 from strategies.norms import NormLimits, screen_norms
 from strategies.robust import cluster_radius, robust_cluster_aggregates, trimmed
-from tests.test_strategies_clustered import hyp, one_layer, reply, results_of
+from tests.test_strategies_clustered import PLAIN_MEAN, hyp, one_layer, reply, results_of
 from tests.test_strategies_norms import NO_SIGMA, laplace_releases
 
 F32 = np.float32
@@ -101,7 +101,7 @@ def test_the_largest_accepted_release_does_not_grow_with_the_rogues_moves() -> N
     # rounds; anchored on the median, it stays at F x the honest distances, round after round.
     rng = np.random.default_rng(7)
     strategy = ClusteredStrategy(initial_hypotheses=hyp([5.0, 6.0], [4.0, -4.5]),
-                                 clients_per_round=7, rng=rng)
+                                 clients_per_round=7, rng=rng, **PLAIN_MEAN)
     accepted = []
     for t in range(1, 6):
         current = one_layer(strategy).astype(F32)
@@ -119,7 +119,8 @@ def test_a_rogue_within_the_bound_barely_moves_a_median_cluster() -> None:
     # Prepare: 6 honest releases near the hypotheses and the largest accepted rogue release.
     rng = np.random.default_rng(8)
     strategy = ClusteredStrategy(initial_hypotheses=hyp([5.0, 6.0], [4.0, -4.5]),
-                                 clients_per_round=7, rng=rng, cluster_aggregator="median")
+                                 clients_per_round=7, rng=rng, cluster_aggregator="median",
+                                 persistence_threshold=0.0)
     honest = laplace_releases(rng, HYPOTHESES, 6)
     rogue = largest_accepted(honest, HYPOTHESES, strategy)
 
