@@ -75,8 +75,10 @@ def hospital_specs(ctx: Context) -> list[tuple[float, int, int, FederationSpec]]
 
 def grid(ctx: Context) -> list[Cell]:
     """Digits (accuracy-vs-nu's federations) and, with a data path, hospital."""
-    digits = accuracy_vs_nu.specs(ctx.profile,
-                                  ctx.pick_seeds(accuracy_vs_nu.PROFILES[ctx.profile]["seeds"]))
+    # The cross-entropy runs: a run's spend does not depend on its loss.
+    digits = [(nu, k, seed, spec) for nu, k, loss, seed, spec in accuracy_vs_nu.specs(
+        ctx.profile, ctx.pick_seeds(accuracy_vs_nu.PROFILES[ctx.profile]["seeds"]))
+        if loss == accuracy_vs_nu.CROSS_ENTROPY]
     hospital = hospital_specs(ctx) if ctx.data_path else []
     return [Cell.of(spec, dataset=dataset, nu=nu, k=k, seed=seed)
             for dataset, specs in (("digits", digits), ("hospital", hospital))

@@ -33,7 +33,7 @@ from experiments.dlg import (
     victim,
 )
 from experiments.dlg_audit import COLUMNS, check_profile, mse, psnr, ssim
-from experiments.dlg_report import STRONGEST, limits
+from experiments.dlg_report import STRONGEST, limits, paper_claims
 from settings import federation_defaults
 
 TINY = Effort(restarts=2, lbfgs_evals=20, adam_steps=30)
@@ -284,6 +284,35 @@ def test_limits_are_read_from_the_intervals() -> None:
     assert found.first_unrecognisable == 3.0
     assert found.beyond_label == 1.0
     assert found.label == 5.0
+
+
+def test_the_papers_statements_are_read_on_dlgs_own_rows() -> None:
+    # Prepare: DLG's rows: ν = 0.001 every image recognised at 40 dB (class mean 14); ν = 0.01
+    # and 0.1 recognised 10/10 and 8/10; ν = 1 none, ν = 10 none. The strongest attack's rows
+    # (recognised everywhere) must not count: the statements are about DLG.
+    rows = []
+    for image in range(10):
+        rows += [_row(0.001, image, 1, 40.0 + image % 2), _row(0.01, image, 1, 30.0),
+                 _row(0.1, image, int(image < 8), 20.0), _row(1.0, image, 0, 10.0),
+                 _row(10.0, image, 0, 9.0)]
+    dlg_rows = [{**r, "attack": "dlg"} for r in rows]
+    strongest = [{**r, "recognised": "1"} for r in rows]
+
+    # Execute
+    claims = paper_claims(dlg_rows + strongest)
+
+    # Assert: all three reproduced; with DLG recognising 6 of 10 at ν = 1, the third is not.
+    assert len(claims) == 3 and all(c.endswith("reproduced.") or "reproduced for DLG" in c
+                                    for c in claims), claims
+    assert "**not" not in " ".join(claims)
+    beaten = [{**r, "recognised": str(int(int(r["image"]) < 6))} if r["nu"] == "1.0" else r
+              for r in dlg_rows]
+    assert "**not reproduced**: DLG's reconstructions are recognised above chance at ν = 1." \
+        in paper_claims(beaten + strongest)[2]
+    # ν = 0.001 at the class mean's PSNR is not "fully reconstructed".
+    flat = [{**r, "psnr": "14"} if r["nu"] == "0.001" else r for r in dlg_rows]
+    assert paper_claims(flat)[0].endswith("**not reproduced**.")
+    assert "untested" in paper_claims(strongest)[0]
 
 
 @pytest.mark.integration

@@ -81,7 +81,7 @@ def test_synthetic_ablation_ours_reaches_both_optima_fedavg_does_not(root: Path)
 @pytest.mark.timeout(600)
 def test_accuracy_vs_nu_learns_and_nu15_is_clearly_worse(
         root: Path, accuracy: list[dict[str, str]]) -> None:
-    assert _header(root, "accuracy-vs-nu")[:4] == ["nu", "k", "seed", "accuracy"]
+    assert _header(root, "accuracy-vs-nu")[:5] == ["nu", "k", "loss", "seed", "accuracy"]
     k2 = _cell(accuracy, "accuracy", nu=0.0, k=2)
     nu1 = _cell(accuracy, "accuracy", nu=1.0, k=2)
     nu15 = _cell(accuracy, "accuracy", nu=15.0, k=2)
