@@ -5,7 +5,7 @@ or gpfl's own parts in process: each declares its ``engine``) and writes
 ``results.csv`` (a header row, one row per configuration and seed), PNG figures under
 ``figures/`` and ``meta.json`` into ``--out`` (default ``runs/experiments/<name>``), printing a
 progress line per finished configuration. ``--quick`` uses reduced settings (five seeds; on 2
-cores an experiment takes up to about 100 minutes, ``all`` about 5 hours); without it the settings
+cores an experiment takes up to about 100 minutes, ``all`` about 6 hours); without it the settings
 follow the papers (many hours). ``report`` regenerates ``docs/RESULTS.md`` from those folders.
 From a clean clone::
 
@@ -55,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("name", choices=COMMANDS, help="the experiment, 'all', or 'report'")
     parser.add_argument("--quick", action="store_true",
                         help="reduced settings: five seeds, up to ~100 minutes an experiment on 2 "
-                             "cores, about 5 hours for 'all'")
+                             "cores, about 6 hours for 'all'")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default runs/experiments/<name>; for 'all' and "
                              "'report': the folder holding one folder per experiment, default "
