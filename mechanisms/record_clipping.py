@@ -130,14 +130,19 @@ class ClipSchedule:
 
     def step_quantile(self, noisy_fraction: float) -> None:
         """Andrew et al.: C ← C·exp(−η_C·(b̃ − γ)); b̃ is the sanitized unclipped fraction."""
-        self.clip *= math.exp(-self.clip_rate * (noisy_fraction - self.target_quantile))
+        # b̃ is the true fraction (in [0, 1]) plus noise; clamping it there is post-processing,
+        # and keeps a large noise multiplier from overflowing the exponent (ν up to 1e6 drew
+        # b̃ ~ 1e5, and exp(η_C·1e5) raised OverflowError after the release was charged).
+        fraction = min(max(float(noisy_fraction), 0.0), 1.0)
+        self.clip = _scaled(self.clip, -self.clip_rate * (fraction - self.target_quantile))
         self._record()
 
     def step_oso(self, g_tilde: np.ndarray, q_tilde: np.ndarray) -> None:
         """Algorithm 3, lines 14-15 (eqs. 3.20, 3.21); q̃_0 = g̃_0 = 0 (sign 0: no move)."""
         if self._last_q is not None and self._last_g is not None:
-            self.clip *= math.exp(self.clip_rate * _sign_dot(g_tilde, self._last_q))
-            self.learning_rate *= math.exp(self.lr_rate * _sign_dot(g_tilde, self._last_g))
+            self.clip = _scaled(self.clip, self.clip_rate * _sign_dot(g_tilde, self._last_q))
+            self.learning_rate = _scaled(self.learning_rate,
+                                         self.lr_rate * _sign_dot(g_tilde, self._last_g))
         self._last_g, self._last_q = g_tilde, q_tilde
         self._record()
 
@@ -148,6 +153,18 @@ class ClipSchedule:
     def _record(self) -> None:
         self.clips.append(self.clip)
         self.learning_rates.append(self.learning_rate)
+
+
+#: The range a moving clip or step is kept in: a run of steps that all move one way (at a
+#: rate of up to 10 a step) would otherwise reach 0 or inf and end the training in NaN.
+SCALE_RANGE = (1e-300, 1e300)
+
+
+def _scaled(value: float, exponent: float) -> float:
+    """Return value·exp(exponent) without overflow, kept within :data:`SCALE_RANGE`."""
+    low, high = SCALE_RANGE
+    log_value = math.log(value) + exponent
+    return min(max(math.exp(min(max(log_value, math.log(low)), math.log(high))), low), high)
 
 
 def _sign_dot(a: np.ndarray, b: np.ndarray) -> float:

@@ -41,6 +41,25 @@ def test_the_quantile_rule_moves_c_towards_the_target() -> None:
     assert s.learning_rate == 0.1
 
 
+def test_a_noisy_fraction_far_outside_0_1_or_a_long_run_one_way_keeps_c_finite() -> None:
+    # A noise multiplier of 1e6 puts b̃ ~ ±1e5: before, exp(10 · 1e5) raised OverflowError
+    # after the release was charged. b̃ is clamped to [0, 1] (post-processing), so one step
+    # moves C by at most exp(η_C · max(γ, 1 − γ)).
+    schedule = ClipSchedule("quantile", 1.0, 0.1, target_quantile=0.5, clip_rate=10.0)
+    schedule.step_quantile(1e5)
+    assert schedule.clip == pytest.approx(math.exp(-5.0))
+    schedule.step_quantile(-1e308)
+    assert schedule.clip == pytest.approx(1.0)
+    # A thousand oso steps that all agree (sign +1 at rate 10) stop at the range's end
+    # instead of reaching inf (and NaN in the training).
+    oso = ClipSchedule("oso", 1.0, 0.1, clip_rate=10.0, lr_rate=10.0)
+    ones = np.ones(3)
+    for _ in range(1000):
+        oso.step_oso(ones, ones)
+    assert oso.clip == pytest.approx(1e300) and oso.learning_rate == pytest.approx(1e300)
+    assert all(math.isfinite(c) and c > 0 for c in oso.clips)
+
+
 @pytest.mark.parametrize("strategy", CLIPPING_STRATEGIES)
 def test_every_split_is_one_query_of_the_charged_multiplier(strategy: str) -> None:
     for nu in (0.3, 1.0, 7.0):
