@@ -37,6 +37,7 @@ from experiments.tables import (
     verdict,
 )
 from server.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
+from strategies.server_update import RESEEDED
 
 NAME = "digits-server-update"
 COLUMNS = ("nu", "update", "seed", "accuracy", "final_accuracy", "mean_accuracy", "best_round",
@@ -103,7 +104,7 @@ def reseeds(run_dir: Path) -> int:
     """Count the re-seedings the ServerApp logged (``logs/flwr-run.log`` of the run)."""
     log = run_dir / "logs" / "flwr-run.log"
     text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
-    return text.count("re-seeded by splitting")
+    return text.count(RESEEDED)
 
 
 def _by_seed(rows: list[dict[str, str]], nu: float, update: str, key: str) -> dict[int, float]:

@@ -187,24 +187,29 @@ def paper_claims(rows: Sequence[Mapping[str, str]]) -> list[str]:
     if not have:
         return ["- The paper's statements: untested here (no DLG rows in this profile)."]
 
-    def scores(nu: float) -> tuple[Summary, str]:
-        s = summarise(rows, mode=mode, nu=nu, attack="dlg")
-        rec, gain = s.scores["recognised"], s.gain
-        return s, (f"recognised {_cell(rec)}, PSNR {_cell(s.scores['psnr'], 1)} dB, "
-                   f"PSNR − class mean's {_cell(gain, 1)} dB, n = {rec[2]}")
+    summaries = {nu: summarise(rows, mode=mode, nu=nu, attack="dlg") for nu in have}
+
+    def recognised(nu: float) -> bool:
+        return _above(*summaries[nu].scores["recognised"], CHANCE)
+
+    def shown(nu: float) -> str:
+        s = summaries[nu]
+        rec = s.scores["recognised"]
+        return (f"recognised {_cell(rec)}, PSNR {_cell(s.scores['psnr'], 1)} dB, "
+                f"PSNR − class mean's {_cell(s.gain, 1)} dB, n = {rec[2]}")
 
     lines = []
     small = [nu for nu in have if nu <= 0.001]
     if small:
-        s, shown = scores(small[0])
+        s = summaries[small[0]]
         full = s.scores["recognised"][0] == 1.0 and _above(*s.gain, 0.0)
         lines.append(f"- \"When ν = 10⁻³ the ground truth image is fully reconstructed\" (DLG, "
-                     f"ν = {small[0]:g}: {shown}): "
+                     f"ν = {small[0]:g}: {shown(small[0])}): "
                      + ("reproduced." if full else "**not reproduced**."))
     partial = [nu for nu in have if 0.001 < nu <= 0.1]
     if partial:
-        held = [nu for nu in partial if _above(*scores(nu)[0].scores["recognised"], CHANCE)]
-        detail = "; ".join(f"ν = {nu:g}: {scores(nu)[1]}" for nu in partial)
+        held = [nu for nu in partial if recognised(nu)]
+        detail = "; ".join(f"ν = {nu:g}: {shown(nu)}" for nu in partial)
         lines.append("- \"Up to ν = 10⁻¹ [...] at least partial reconstruction is possible\" "
                      f"(DLG, {detail}): " + ("reproduced." if held == partial else
                                             "**not reproduced** at ν = " +
@@ -212,7 +217,7 @@ def paper_claims(rows: Sequence[Mapping[str, str]]) -> list[str]:
                                                       if nu not in held) + "."))
     large = [nu for nu in have if nu >= 1.0]
     if large:
-        beaten = [nu for nu in large if _above(*scores(nu)[0].scores["recognised"], CHANCE)]
+        beaten = [nu for nu in large if recognised(nu)]
         lines.append("- \"For ν ≥ 1 [...] the DLG attack fails to reconstruct input samples\" "
                      f"(DLG's recognised fraction not above chance at ν = "
                      f"{', '.join(f'{nu:g}' for nu in large)}): "

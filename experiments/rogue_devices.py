@@ -45,7 +45,7 @@ from experiments.small_federations import Manager
 from experiments.tables import paired_difference, verdict, wilson
 from mechanisms import PrivacyLedger
 from server.app import build_components
-from server.quickstart import ROBUST_CLUSTERS
+from server.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
 from settings import federation_defaults
 from strategies import ClusteredStrategy
 from strategies.clustering import nearest_hypothesis
@@ -57,13 +57,9 @@ NAME = "rogue-devices"
 OPTIMA = np.array([[5.0, 6.0], [4.0, -4.5]])
 THRESHOLD = 0.5
 DEVICES = 10
-UPDATE: dict[str, Any] = {"server-update": "plateau", "reseed-after": 3}  # the quickstart's
-ARMS: dict[str, dict[str, Any]] = {
-    "mean": PAPERS_AGGREGATION,
-    "robust": {"cluster-aggregator": "clipped-mean", "persistence-threshold": 3.0},
-}
-#: What `gpfl launch` runs (the arm the criterion is about).
-_DEFAULT_ARM = ROBUST_CLUSTERS
+#: The quickstart's server update in every arm; *robust* is what `gpfl launch` runs.
+UPDATE = {key: QUICKSTART_RUN_CONFIG[key] for key in ("server-update", "reseed-after")}
+ARMS: dict[str, dict[str, Any]] = {"mean": PAPERS_AGGREGATION, "robust": ROBUST_CLUSTERS}
 PROFILES: dict[str, dict[str, Any]] = {
     "full": {"rounds": 80, "rogues": [0, 1, 2], "seeds": list(range(30))},
     "quick": {"rounds": 80, "rogues": [0, 1, 2], "seeds": list(range(10))},
@@ -408,7 +404,7 @@ def section(rows: list[dict[str, str]]) -> list[str]:
             if (arm, rogues) in shares:
                 low, high = wilson(*shares[arm, rogues])
                 met = "met" if high >= clean[0] and low <= clean[1] else "**not met**"
-                default = " (`gpfl launch`'s)" if ARMS[arm] == _DEFAULT_ARM else ""
+                default = " (`gpfl launch`'s)" if ARMS[arm] is ROBUST_CLUSTERS else ""
                 out.append(f"- {arm}{default}, {rogues} rogue(s): {shares[arm, rogues][0]}/"
                            f"{shares[arm, rogues][1]} against {shares[arm, 0][0]}/"
                            f"{shares[arm, 0][1]} without: {met}")

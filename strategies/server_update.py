@@ -60,7 +60,7 @@ from settings import SERVER_UPDATES, SETTINGS  # declared once, with the setting
 from strategies.records import RoundRecord
 from strategies.robust import clip_offsets, lower_median
 
-__all__ = ["MIN_PLATEAU_STEP", "SERVER_UPDATES", "ServerUpdate", "anneal_start",
+__all__ = ["MIN_PLATEAU_STEP", "RESEEDED", "SERVER_UPDATES", "ServerUpdate", "anneal_start",
            "dead_hypotheses", "plateaus", "reseed", "split_cluster", "stall_rounds",
            "step_towards"]
 
@@ -71,6 +71,8 @@ _LOG = logging.getLogger(__name__)
 #: ``plateau``'s smallest step: below it the hypotheses would all but stop following their
 #: clusters, and a group that drifts (new devices, new data) could no longer be followed.
 MIN_PLATEAU_STEP = 0.02
+#: What the log line of a re-seeding says (experiments count re-seedings by it).
+RESEEDED = "re-seeded by splitting"
 
 
 @dataclass(frozen=True)
@@ -172,8 +174,8 @@ class ServerUpdate:
         for live, gone in splits:
             reseeded[live] = reseeded[gone] = round
             _LOG.info("round %d: hypothesis %d drew no release that moves it for %d rounds; "
-                      "re-seeded by splitting hypothesis %d's cluster", round, gone,
-                      self.reseed_after, live)
+                      f"{RESEEDED} hypothesis %d's cluster", round, gone, self.reseed_after,
+                      live)
         return new, splits
 
 
