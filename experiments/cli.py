@@ -1,13 +1,14 @@
 """``python -m experiments NAME`` (or ``gpfl-experiment NAME``): the papers' experiments.
 
-Each experiment runs its configurations one at a time (federations on Flower's Simulation Engine,
-or gpfl's own parts in process: each declares its ``engine``) and writes
+Each experiment runs its configurations one at a time (federations of gpfl's ServerApp and
+ClientApp, on the direct engine by default or on Flower's Simulation Engine with
+``--engine simulation``; or gpfl's own parts in process: each declares its ``engine``) and writes
 ``results.csv`` (a header row, one row per configuration and seed), PNG figures under
 ``figures/`` and ``meta.json`` into ``--out`` (default ``runs/experiments/<name>``), printing a
 progress line per finished configuration. ``--quick`` uses reduced settings (five seeds; on 2
-cores an experiment takes up to about 100 minutes, ``all`` about 6 hours); without it the settings
-follow the papers (many hours). ``report`` regenerates ``docs/RESULTS.md`` from those folders.
-From a clean clone::
+cores an experiment's federations take up to about 45 minutes, ``all``'s about 4 h); without it
+the settings follow the papers (many hours). ``report`` regenerates ``docs/RESULTS.md`` from
+those folders. From a clean clone::
 
     python -m experiments all --quick && python -m experiments report
 """
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from experiments.common import DEFAULT_CACHE, DEFAULT_ROOT, PROFILES, Context
+from experiments.common import DEFAULT_CACHE, DEFAULT_ROOT, ENGINES, PROFILES, Context
 from experiments.runner import Experiment, run
 
 #: Experiment name -> module (each declares ``EXPERIMENT``, an `experiments.runner.Experiment`),
@@ -54,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("name", choices=COMMANDS, help="the experiment, 'all', or 'report'")
     parser.add_argument("--quick", action="store_true",
-                        help="reduced settings: five seeds, up to ~100 minutes an experiment on 2 "
-                             "cores, about 6 hours for 'all'")
+                        help="reduced settings: five seeds, up to ~45 minutes an experiment on 2 "
+                             "cores, about 4 h of federations for 'all'")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default runs/experiments/<name>; for 'all' and "
                              "'report': the folder holding one folder per experiment, default "
@@ -70,7 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-path", default="",
                         help="leakage: the CMS inpatient charges CSV (adds the hospital table)")
     parser.add_argument("--timeout", type=float, default=3600.0,
-                        help="seconds one federation may run (default 3600)")
+                        help="seconds one federation may run on the Simulation Engine (default "
+                             "3600; the direct engine runs in this process, to the end)")
+    parser.add_argument("--engine", choices=ENGINES, default="direct",
+                        help="what runs the federations: 'direct' (default: the ServerApp and "
+                             "ClientApp in this process, the same results as the Simulation "
+                             "Engine without its start-up and polls) or 'simulation' (Flower's "
+                             "Simulation Engine on Ray)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="'all': run this many experiments at once, one process each "
+                             "(default 1; scale always runs alone)")
     parser.add_argument("--doc", type=Path, default=Path("docs") / "RESULTS.md",
                         help="report: the Markdown file to write (default docs/RESULTS.md)")
     # The tests' own settings, smaller than --quick; not part of the documented interface.
@@ -80,11 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
                    seeds: list[int] | None = None, fresh: bool = False, data_path: str = "",
-                   timeout: float = 3600.0, stream: TextIO | None = None) -> list[dict[str, Any]]:
+                   timeout: float = 3600.0, stream: TextIO | None = None,
+                   engine: str = "direct") -> list[dict[str, Any]]:
     """Run one experiment and write its outputs; return its rows."""
     experiment: Experiment = importlib.import_module(EXPERIMENTS[name]).EXPERIMENT
     ctx = Context(name=name, out=out, cache=cache, profile=profile, seeds=seeds, fresh=fresh,
-                  data_path=data_path, timeout=timeout, stream=stream)
+                  data_path=data_path, timeout=timeout, stream=stream, engine=engine)
     started = time.monotonic()
     rows = run(experiment, ctx)
     # Each federation's run config, as launched (the seeds, ν, k... are also the rows' keys).
@@ -115,12 +126,36 @@ def main(argv: list[str] | None = None) -> int:
     else:
         root = None
         cache = args.cache or DEFAULT_CACHE
+    if args.name == "all" and args.jobs != 1:
+        from experiments.jobs import experiment_command, run_jobs
+
+        assert root is not None
+        options = [*(["--profile", profile] if args.profile else ["--quick"] if args.quick
+                     else []),
+                   "--cache", str(cache), "--timeout", str(args.timeout),
+                   "--engine", args.engine,
+                   *(["--seeds", *map(str, args.seeds)] if args.seeds else []),
+                   *(["--fresh"] if args.fresh else []),
+                   *(["--data-path", args.data_path] if args.data_path else [])]
+        try:
+            failed = run_jobs(names, lambda name: experiment_command(
+                name, [*options, "--out", str(root / name)]), args.jobs)
+        except ValueError as err:
+            print(f"all: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"all: interrupted; finished federations stay in {cache}", file=sys.stderr)
+            return 130
+        if failed:
+            print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1 if failed else 0
     failed = []
     for name in names:
         out = (root / name) if root is not None else (args.out or DEFAULT_ROOT / name)
         try:
             run_experiment(name, out=out, cache=cache, profile=profile, seeds=args.seeds,
-                           fresh=args.fresh, data_path=args.data_path, timeout=args.timeout)
+                           fresh=args.fresh, data_path=args.data_path, timeout=args.timeout,
+                           engine=args.engine)
         except KeyboardInterrupt:
             print(f"{name}: interrupted; finished federations stay in {cache}", file=sys.stderr)
             return 130

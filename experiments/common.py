@@ -45,6 +45,8 @@ DEFAULT_ROOT = Path("runs") / "experiments"
 DEFAULT_CACHE = DEFAULT_ROOT / "_runs"
 #: ``full`` follows the papers; ``quick`` finishes in minutes; ``smoke`` is the tests' own.
 PROFILES = ("full", "quick", "smoke")
+#: What may run an experiment's federations (`Context.engine`).
+ENGINES = ("direct", "simulation")
 #: What every experiment's federation runs with unless its spec says otherwise: each round's
 #: devices are drawn by their names (``client-<partition-id>``), so that runs at one seed that
 #: differ only in ν, k or aggregation ask the same devices in the same rounds, and the devices,
@@ -123,6 +125,10 @@ class Context:
         Seconds a single federation may run.
     stream : file-like or None
         Where progress lines go (standard output when None).
+    engine : str
+        What runs a federation: ``"direct"`` (the ServerApp and ClientApp in this process,
+        :mod:`experiments.direct_engine`; the same results as the Simulation Engine) or
+        ``"simulation"`` (Flower's Simulation Engine, through ``gpfl launch``).
     """
 
     name: str
@@ -134,14 +140,19 @@ class Context:
     data_path: str = ""
     timeout: float = 3600.0
     stream: TextIO | None = None
+    engine: str = "direct"
     launched: int = field(default=0, init=False)
     reused: int = field(default=0, init=False)
     #: Seconds the federations run or reused by this invocation took when they ran.
     federation_s: float = field(default=0.0, init=False)
+    #: How many of the federations run or reused ran on each engine.
+    engines: dict[str, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
             raise ValueError(f"profile must be one of {PROFILES}, got profile={self.profile!r}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got engine={self.engine!r}")
         self.out = Path(self.out)
         self.cache = Path(self.cache)
         self.out.mkdir(parents=True, exist_ok=True)
@@ -184,7 +195,10 @@ class Context:
             with open(summary_path, encoding="utf-8") as fh:
                 summary: dict[str, Any] = json.load(fh)
             with open(done, encoding="utf-8") as fh:
-                self.federation_s += float(json.load(fh).get("wall_s", 0.0))
+                record = json.load(fh)
+            self.federation_s += float(record.get("wall_s", 0.0))
+            # Runs kept before the direct engine existed ran on the Simulation Engine.
+            self._count_engine(str(record.get("engine", "simulation")))
             summary["_run_dir"] = str(directory)
             summary["_cached"] = True
             return summary
@@ -195,13 +209,17 @@ class Context:
         summary = compact_summary(full)
         _write_json(summary_path, summary)
         # Written last: a run directory without it is an interrupted run, launched again.
+        self._count_engine(self.engine)
         _write_json(done, {"label": spec.label, "supernodes": spec.supernodes,
-                           "run_config": spec.config, "wall_s": wall,
+                           "run_config": spec.config, "wall_s": wall, "engine": self.engine,
                            "finished": time.strftime("%Y-%m-%dT%H:%M:%S")})
         summary["_run_dir"] = str(directory)
         summary["_cached"] = False
         summary["_wall_s"] = wall
         return summary
+
+    def _count_engine(self, engine: str) -> None:
+        self.engines[engine] = self.engines.get(engine, 0) + 1
 
     def cached(self, experiment: str, stem: str, keyed: Mapping[str, Any],
                compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
@@ -227,24 +245,33 @@ class Context:
         self.launched += 1
         return result
 
-    def launch(self, spec: FederationSpec, echo: Callable[[str], None] | None = None
-               ) -> dict[str, Any]:
+    def launch(self, spec: FederationSpec, echo: Callable[[str], None] | None = None,
+               engine: str | None = None) -> dict[str, Any]:
         """Launch one federation in a fresh run directory, past the cache; return its summary.
 
-        ``echo`` gets every line the federation prints (default: `log`).
+        ``echo`` gets every line the federation prints (default: `log`); ``engine`` overrides
+        the context's (``scale`` measures the Simulation Engine itself).
 
         Raises
         ------
         server.launcher.LaunchError
             If the federation fails (its logs stay in the run directory).
         """
-        from server.launcher import launch  # Flower is imported only when a run is needed
-
         directory = self.run_dir(spec)
         if directory.exists():
             shutil.rmtree(directory)
         directory.mkdir(parents=True)
-        self.log(f"--- {self.name} {spec.label}: {directory}")
+        engine = engine or self.engine
+        self.log(f"--- {self.name} {spec.label} ({engine} engine): {directory}")
+        if engine == "direct":
+            from experiments.direct_engine import launch_direct
+
+            direct = launch_direct(spec.config, spec.supernodes, directory,
+                                   experiment_policy(spec.config), echo or self.log)
+            self.launched += 1
+            return direct
+        from server.launcher import launch  # Flower is imported only when a run is needed
+
         result = launch(
             supernodes=spec.supernodes,
             simulation=True,
@@ -287,6 +314,8 @@ class Context:
             "federations_launched": self.launched,
             "federations_reused": self.reused,
             "federations_s": round(self.federation_s, 1),
+            **({"federation_engines": dict(sorted(self.engines.items()))} if self.engines
+               else {}),
             "finished": time.strftime("%Y-%m-%d %H:%M:%S"),
             "command": " ".join(["python -m experiments", *_public_argv(sys.argv[1:])]),
             "versions": _versions(),

@@ -46,6 +46,11 @@ _HOW = flow("""
 `runs/experiments/<name>/results.csv`, `figures/*.png` and `meta.json`; finished federations
 are cached in `runs/experiments/_runs/` (keyed by their run config), so an interrupted sweep
 resumes and `leakage` reuses the federations of `accuracy-vs-nu`; `--fresh` runs them again.
+Federations run on the direct engine unless `--engine simulation` asks for Flower's Simulation
+Engine (the same numbers; docs/REPRODUCING.md). `./gpfl.sh report` runs two experiments at a
+time (`all --jobs 2`; `scale`, a timing, alone). The table gives each experiment's size: its
+federations, their users (SuperNodes) and rounds, and its seeds; the quick profiles have fewer
+users, rounds or seeds than the papers' experiments (each section's differences say which).
 """)
 _DIFFERENCES = (
     flow("""
@@ -149,6 +154,10 @@ def _compute_s(meta: dict[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
+#: How a section's note names the engine its federations ran on.
+ENGINE_NAMES = {"simulation": "Flower's Simulation Engine", "direct": "direct"}
+
+
 def _profile_note(meta: dict[str, Any]) -> str:
     profile = meta.get("profile", "?")
     runtime = meta.get("runtime_s")
@@ -160,6 +169,10 @@ def _profile_note(meta: dict[str, Any]) -> str:
             f"({launched} federations launched, {reused} reused from the cache)")
     if meta.get("federations_s"):
         note += f"; its federations took {fmt(float(meta['federations_s']), 4)} s when they ran"
+    engines = meta.get("federation_engines") or {}
+    if engines:
+        note += "; engine: " + ", ".join(f"{ENGINE_NAMES.get(e, e)} ({n})"
+                                          for e, n in sorted(engines.items()))
     if "compute_s" in meta and meta.get("compute_finished") != when:
         note += (f"; the federations were run by the invocation that finished "
                  f"{meta.get('compute_finished', '?')}, in {fmt(_compute_s(meta), 4)} s")
@@ -244,11 +257,11 @@ def render(raw: Path, previous: str) -> str:
         "",
         "```bash",
         "./gpfl.sh report           # from a clean clone: set up .venv, every experiment --quick "
-        "(five seeds; see the runtimes below), then this file",
+        "(two at a time; see the runtimes below), then this file",
         "./gpfl.sh report --full    # the papers' settings: many hours",
         "",
         "# the same, step by step, inside the environment (.venv/bin/python or gpfl-experiment):",
-        "python -m experiments all --quick && python -m experiments report",
+        "python -m experiments all --quick --jobs 2 && python -m experiments report",
         "python -m experiments all && python -m experiments report           # the papers' "
         "settings: many hours",
         "python -m experiments NAME [--quick] [--seeds 0 1 2] [--out DIR]    # one experiment",
@@ -259,19 +272,21 @@ def render(raw: Path, previous: str) -> str:
         "",
         _HOW,
         "",
-        "| experiment | paper | profile | runtime | rows |",
-        "| --- | --- | --- | --- | --- |",
+        "| experiment | paper | profile | runtime | rows | federations | users | rounds "
+        "| seeds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in ORDER:
         item = loaded[name]
         if item is None:
             state = "not regenerated" if name in kept_sections else "not run"
-            out.append(f"| {name} | {experiments[name].paper} | {state} | - | - |")
+            out.append(f"| {name} | {experiments[name].paper} | {state} | - | - | - | - | - "
+                       "| - |")
         else:
             rows, meta = item
             out.append(f"| [{name}](#{name}) | {experiments[name].paper} | "
                        f"{meta.get('profile', '?')} | "
-                       f"{fmt(_compute_s(meta), 4)} s | {len(rows)} |")
+                       f"{fmt(_compute_s(meta), 4)} s | {len(rows)} | {_sizes(rows, meta)} |")
     totals: dict[str, float] = {}
     counted: set[str] = set()
     for item in loaded.values():
@@ -312,6 +327,26 @@ def render(raw: Path, previous: str) -> str:
     if len(kept) == 2:
         out += ["", KEPT_MARKER + kept[1].rstrip()]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _sizes(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
+    """Return the table cells of a run's size: federations, users, rounds, seeds.
+
+    An experiment that runs no federation has its seeds counted in its rows.
+    """
+    configs = list(meta.get("run_configs", {}).values())
+    if not configs:
+        in_rows = {r["seed"] for r in rows if r.get("seed") not in (None, "")}
+        return f"- | - | - | {len(in_rows) or '-'}"
+
+    def span(key: str) -> str:
+        values = sorted({int(c[key]) for c in configs if key in c})
+        if not values:
+            return "-"
+        return f"{values[0]:,}" if len(values) == 1 else f"{values[0]:,}-{values[-1]:,}"
+
+    seeds = len({c["seed"] for c in configs if "seed" in c})
+    return f"{len(configs)} | {span('supernodes')} | {span('num-rounds')} | {seeds}"
 
 
 def _engines(experiments: dict[str, Experiment]) -> str:

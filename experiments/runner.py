@@ -74,8 +74,11 @@ Run = tuple[Cell, Any]
 
 #: What an experiment's ``engine`` may say, and how the report says it.
 ENGINES = {
-    "simulation": "this repository's ServerApp and ClientApp on Flower's Simulation Engine "
-                  "(Ray), one virtual SuperNode per user",
+    "simulation": "this repository's ServerApp and ClientApp, one virtual SuperNode per user, "
+                  "on Flower's Simulation Engine (Ray) or on the direct engine (the same apps "
+                  "and Flower's server loop in one process, `experiments/direct_engine.py`; "
+                  "the same results bit for bit, `tests/test_experiments_pairing.py`); each "
+                  "section's note says which",
     "in-process": "gpfl's own client, mechanisms or trainer called in one process, without a "
                   "Flower engine",
 }

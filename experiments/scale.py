@@ -115,7 +115,7 @@ def perform(ctx: Context, cell: Cell) -> dict[str, Any]:
             arrivals.append(time.monotonic() - start)
 
     with MemoryMonitor(interval=0.5) as monitor:
-        summary = ctx.launch(cell.spec, echo)
+        summary = ctx.launch(cell.spec, echo, engine="simulation")
         monitor.sample()
     return {"summary": summary, "wall": time.monotonic() - start, "arrivals": arrivals,
             "monitor": monitor}

@@ -112,7 +112,10 @@ class GpflServer(Server):
             if not isinstance(proxy, GridClientProxy):
                 continue
             grid = proxy.grid
-            if isinstance(grid, (InMemoryGrid, PollingGrid)):
+            # A grid that answers within ``send_and_receive`` (``answers_at_once``: the
+            # experiments' direct engine) has nothing to poll.
+            if isinstance(grid, (InMemoryGrid, PollingGrid)) or getattr(
+                    grid, "answers_at_once", False):
                 continue
             if self._polling is None or self._polling.grid is not grid:
                 self._polling = PollingGrid(grid)

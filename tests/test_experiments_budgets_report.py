@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.personalized_budgets_report import ours, readings
+from experiments.personalized_budgets_report import ours, readings, uniform_claims
 
 PANEL = "digits-iid-gaussian"
 
@@ -64,5 +64,30 @@ def test_an_aggregation_not_run_is_named_untested(aggregations: tuple[str, ...],
 
     assert f"{PANEL} {untested}" in text
     assert "The budgets are not 002's." in text
-    assert "At such budgets the formal guarantee is void (no client below spends less than " \
-           "ε = 50 over the run" in text
+    assert "At the budgets above 002's the formal guarantee is void (no client of those rows " \
+           "spends less than ε = 50 over the run" in text
+
+
+def test_the_void_guarantee_is_said_of_the_scaled_budgets_only() -> None:
+    # 002's own (1, 1, 10) spend ε = 4 over the run: the scaled rows' guarantee is still void,
+    # and 002's own rows do not hide it.
+    own = [{**r, "budgets": "1,1,10", "accounting": "per-round", "min_epsilon": "4.04",
+            "max_epsilon": "52.6"} for r in _rows((0.9, 0.18)) if r["accounting"] == "per-round"]
+    text = "\n".join(ours(_rows((0.9, 0.18)) + own))
+
+    assert "Among the rows are 002's own budgets" in text
+    assert "spends less than ε = 50 over the run" in text
+
+
+@pytest.mark.parametrize(("high", "verdict"), [("0.7", "supported"), ("0.2", "contradicted")])
+def test_the_uniform_budgets_claim_pairs_the_largest_with_the_smallest(high: str,
+                                                                      verdict: str) -> None:
+    rows = [{"panel": PANEL, "accounting": "per-round", "setting": "uniform", "budgets": b,
+             "aggregation": "mean", "seed": str(seed), "accuracy": acc}
+            for seed, jitter in ((0, "1"), (1, "2"), (2, "3"))
+            for b, acc in (("1", f"0.3{jitter}"), ("5", "0.5"), ("10", f"{high}{jitter}"))]
+
+    (line,) = uniform_claims(rows)
+
+    assert "(ε = 10 − ε = 1)" in line
+    assert verdict in line

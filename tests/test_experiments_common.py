@@ -16,6 +16,7 @@ import pytest
 import server.launcher
 from experiments import accuracy_vs_nu, cli, personalized_budgets, scale, synthetic_ablation
 from experiments.common import Context, FederationSpec, compact_summary
+from experiments.personalized_budgets import NONIID_BUDGETS
 from experiments.report import write_report
 from experiments.runner import Progress
 from experiments.scale import MemoryMonitor
@@ -82,7 +83,7 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeLaunch()
     monkeypatch.setattr(server.launcher, "launch", fake)
-    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache")
+    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", engine="simulation")
     spec = FederationSpec("one", {"task": "synthetic", "seed": 0}, 5)
     first = ctx.run(spec)
     second = ctx.run(spec)
@@ -90,14 +91,18 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
     assert fake.calls[0]["supernodes"] == 5 and fake.calls[0]["run_config"]["seed"] == 0
     assert first["_cached"] is False and second["_cached"] is True
     assert (ctx.launched, ctx.reused) == (1, 1)
+    # Each run counted by the engine that ran it (the one read back too).
+    assert ctx.engines == {"simulation": 2}
     done = json.loads((ctx.run_dir(spec) / "done.json").read_text())
+    assert done.pop("engine") == "simulation"
     # The run config as launched: the experiments' draw by name and the papers' plain cluster
     # mean, then the spec's own.
     assert done["run_config"] == {"sample-by": "name", "divergence-factor": 0.0,
                                   "cluster-aggregator": "mean", "persistence-threshold": 0.0,
                                   "task": "synthetic", "seed": 0}
     assert fake.calls[0]["run_config"]["sample-by"] == "name"
-    fresh = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", fresh=True)
+    fresh = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", fresh=True,
+                    engine="simulation")
     fresh.run(spec)
     assert len(fake.calls) == 2
 
@@ -106,7 +111,7 @@ def test_a_run_without_done_marker_is_run_again(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeLaunch()
     monkeypatch.setattr(server.launcher, "launch", fake)
-    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache")
+    ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", engine="simulation")
     spec = FederationSpec("one", {"seed": 1}, 2)
     directory = ctx.run_dir(spec)
     directory.mkdir(parents=True)
@@ -200,10 +205,23 @@ def test_quick_budgets_are_the_readable_ones_of_each_reading() -> None:
     asked = {(panel, accounting, budgets, agg) for panel, accounting, setting, budgets, agg, *_
              in specs if setting == "personalized"}
     gauss, sign = "digits-iid-gaussian", "digits-dirichlet-sign"
+    own = set(personalized_budgets.PAPER_BUDGETS["gaussian"])
     assert {(a, b) for p, a, b, _ in asked if p == gauss} == {
-        ("per-round", "10,10,100"), ("composed", "50,50,500")}
-    assert {g for p, _, _, g in asked if p == sign} == {"mean", "probability"}
+        ("per-round", "10,10,100"), ("composed", "50,50,500"),
+        *(("per-round", b) for b in own)}
+    # The readable sign budgets with A and C; 002's own with A, B and C (B on non-IID data).
+    readable = NONIID_BUDGETS["readable"]["per-round"]
+    assert {g for p, _, b, g in asked if p == sign and b == readable} == {"mean", "probability"}
+    assert {(b, g) for p, a, b, g in asked if p == sign and a == "per-round" and b != readable
+            } == {(b, g) for b in personalized_budgets.PAPER_BUDGETS["sign"]
+                  for g in ("mean", "weighted", "probability")}
     assert {g for p, _, _, g in asked if p == gauss} == {"mean", "weighted", "probability"}
+    # 002's uniform budgets in its own reading, each once (A, B and C coincide).
+    uniform = [(p, a, b, g) for p, a, setting, b, g, seed, _ in specs
+               if setting == "uniform" and seed == 0]
+    assert sorted(uniform) == sorted(
+        [(gauss, "per-round", b, "mean") for b in ("1", "5", "10")]
+        + [(sign, "per-round", b, "mean") for b in ("5", "10", "15")])
     per_release = [s.run_config for panel, accounting, setting, *_, s in specs
                    if accounting == "per-round"]
     assert per_release and all(c["planned-releases"] == 1 for c in per_release)

@@ -1,12 +1,16 @@
-"""Experiments pair for real: at one seed, runs differing in ν ask the same devices each round.
+"""Experiments pair for real, and the direct engine gives the Simulation Engine's numbers.
 
-Three federations of the synthetic task on Flower's Simulation Engine (real ServerApp and
-ClientApp, 8 virtual SuperNodes, 4 rounds of 3): ν = 1 twice and ν = 5 once, all at seed 3.
-The Simulation Engine gives the SuperNodes new random node ids in every run; the experiments
-draw each round's devices by the names the devices announce (``sample-by = "name"``), so:
+Four federations of the synthetic task (real ServerApp and ClientApp, 8 virtual SuperNodes, 4
+rounds of 3, k = 2, Euclidean Laplace): ν = 1 twice and ν = 5 once on the experiments' direct
+engine, and ν = 1 once more on Flower's Simulation Engine (Ray), all at seed 3. Both engines give
+the nodes new random ids in every run; the experiments draw each round's devices by the names
+the devices announce (``sample-by = "name"``), so:
 
 * the runs at ν = 1 and ν = 5 ask the same devices (``client-<partition>``) in every round;
-* the two runs at ν = 1 are identical (seeded noise keyed on the partition), number for number.
+* the two runs at ν = 1 are identical (seeded noise keyed on the partition), number for number;
+* the run on the Simulation Engine is identical to them too: every round's devices, clusters,
+  validation loss and hypotheses, and every device's ledger (what lets the experiments run on
+  the direct engine and share a cache with runs of the Simulation Engine).
 """
 
 from __future__ import annotations
@@ -32,10 +36,14 @@ def spec(nu: float) -> FederationSpec:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     root = tmp_path_factory.mktemp("pairing")
     out: dict[str, dict[str, Any]] = {}
-    for label, nu, cache in (("nu1", 1.0, "a"), ("nu1-again", 1.0, "b"), ("nu5", 5.0, "a")):
+    for label, nu, cache, engine in (("nu1", 1.0, "a", "direct"),
+                                     ("nu1-again", 1.0, "b", "direct"),
+                                     ("nu5", 5.0, "a", "direct"),
+                                     ("nu1-simulation", 1.0, "c", "simulation")):
         ctx = Context(name="pairing", out=root / label, cache=root / cache, profile="smoke",
-                      timeout=600)
+                      timeout=600, engine=engine)
         out[label] = ctx.run(spec(nu))
+        assert ctx.engines == {engine: 1}
         assert not out[label]["_cached"]
     return out
 
@@ -53,8 +61,17 @@ def test_runs_at_one_seed_and_other_nu_ask_the_same_devices(runs: dict) -> None:
     assert len({tuple(sorted(r)) for r in first}) > 1  # a new draw each round
 
 
-def test_two_runs_with_one_config_give_the_same_numbers(runs: dict) -> None:
-    a, b = runs["nu1"], runs["nu1-again"]
+@pytest.mark.parametrize("again", ["nu1-again", "nu1-simulation"])
+def test_two_runs_with_one_config_give_the_same_numbers(runs: dict, again: str) -> None:
+    a, b = runs["nu1"], runs[again]
+    assert len(a["hypotheses"]) == 2 and a["rounds_completed"] == 4
+    assert [e["cluster_sizes"] for e in a["history"]] == [e["cluster_sizes"] for e in b["history"]]
+    def ledgers(summary: dict) -> dict:  # all but where the run kept them
+        report = summary["ledgers"]
+        return {**report, "per_client": {name: {k: v for k, v in entry.items() if k != "path"}
+                                         for name, entry in report["per_client"].items()}}
+
+    assert ledgers(a) == ledgers(b) and a["ledgers"]["max"] > 0
     assert asked(a) == asked(b)
     assert a["hypotheses"] == b["hypotheses"]
     assert [e["val_loss"] for e in a["history"]] == [e["val_loss"] for e in b["history"]]

@@ -1,0 +1,93 @@
+"""``python -m experiments all --jobs N``: the order, the limits and the clean-up of the processes.
+
+Each "experiment" is a short Python process that writes when it starts and ends (monotonic clock)
+to a log; the schedule is read back from that log.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import jobs
+
+SCRIPT = """
+import sys, time
+log, name, seconds, code = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+with open(log, "a") as fh: fh.write(f"start {name} {time.monotonic()}\\n")
+time.sleep(seconds)
+with open(log, "a") as fh: fh.write(f"end {name} {time.monotonic()}\\n")
+sys.exit(code)
+"""
+
+
+def schedule(log: Path) -> dict[str, tuple[float, float]]:
+    times: dict[str, dict[str, float]] = {}
+    for line in log.read_text().splitlines():
+        event, name, t = line.split()
+        times.setdefault(name, {})[event] = float(t)
+    return {name: (t["start"], t["end"]) for name, t in times.items()}
+
+
+def overlap(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    return a[0] < b[1] and b[0] < a[1]
+
+
+def test_jobs_run_side_by_side_scale_alone_and_leakage_after_its_federations(
+        tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    names = ["synthetic-ablation", "accuracy-vs-nu", "leakage", "fairness", "scale", "dlg"]
+    failing = {"dlg"}
+
+    def command(name: str) -> list[str]:
+        return [sys.executable, "-c", SCRIPT, str(log), name, "0.6",
+                "3" if name in failing else "0"]
+
+    failed = jobs.run_jobs(names, command, 2)
+    ran = schedule(log)
+    assert failed == ["dlg"]
+    assert set(ran) == set(names)
+    # scale shares the machine with no one.
+    assert not any(overlap(ran["scale"], ran[n]) for n in names if n != "scale")
+    # leakage starts once accuracy-vs-nu has ended.
+    assert ran["leakage"][0] >= ran["accuracy-vs-nu"][1]
+    # Two at a time, never three.
+    starts = sorted(t for t, _ in ran.values())
+    for t in starts:
+        assert sum(s <= t < e for s, e in ran.values()) <= 2
+    assert overlap(ran["synthetic-ablation"], ran["accuracy-vs-nu"])
+
+
+def test_jobs_refuses_a_count_below_one() -> None:
+    with pytest.raises(ValueError, match="--jobs must be >= 1, got 0"):
+        jobs.run_jobs(["dlg"], lambda name: ["true"], 0)
+
+
+def test_a_stopped_experiment_leaves_no_process_of_its_group(tmp_path: Path) -> None:
+    # An experiment that started a child which ignores nothing: both must end.
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen(
+        ["sh", "-c", f"sleep 60 & echo $! > {pids}; echo $$ >> {pids}; wait"],
+        start_new_session=True)
+    deadline = time.monotonic() + 10
+    while (not pids.exists() or len(pids.read_text().split()) < 2) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    child, parent = (int(p) for p in pids.read_text().split())
+    jobs._stop(proc)
+    assert proc.returncode is not None
+    time.sleep(0.2)
+    assert not alive(child) and not alive(parent)
+
+
+def alive(pid: int) -> bool:
+    """Whether a process runs (a zombie, ended but not yet reaped by its parent, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in status
