@@ -5,7 +5,7 @@
 #   ./gpfl.sh launch [options]   the main job: a local federation of real Flower processes
 #   ./gpfl.sh test [pytest args] ruff, mypy, import-linter and the whole test suite (~25 min on 2 cores)
 #   ./gpfl.sh experiment NAME [options]   one of the papers' experiments (python -m experiments)
-#   ./gpfl.sh report [--full] [options]   every experiment, two at a time (--quick unless --full; ~4 h of federations on 2 cores), then docs/RESULTS.md
+#   ./gpfl.sh report [--full] [options]   every experiment, two at a time (--quick unless --full; 86 min from a clean clone on 2 cores), then docs/RESULTS.md
 #   ./gpfl.sh <any gpfl subcommand>
 set -euo pipefail
 cd "$(dirname "$0")"

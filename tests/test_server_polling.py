@@ -209,7 +209,7 @@ def test_a_reply_whose_upload_never_finishes_holds_up_only_its_own_device() -> N
     grid = Grid(token="t")
     grid.set_run(Run.create_empty(run_id=1))
     wrapped: Any = PollingGrid(grid, interval=0.01)
-    timeout = 1.5
+    timeout = 3.0
 
     # Execute: one thread a device, as Flower's round sends them.
     start = time.monotonic()
@@ -223,14 +223,16 @@ def test_a_reply_whose_upload_never_finishes_holds_up_only_its_own_device() -> N
     with ThreadPoolExecutor(3) as pool:
         got = dict(zip(replies, pool.map(send, replies), strict=True))
 
-    # Assert: the finished replies came whole, at once (well before the stuck one's deadline)
-    # and were confirmed to the SuperLink; the unfinished one became Flower's error reply
-    # for it, after its deadline and within the grace.
+    # Assert: the finished replies came whole, before the stuck one's deadline (they did not
+    # wait for it), and were confirmed to the SuperLink; the unfinished one became Flower's
+    # error reply for it, not before its deadline and long before Flower's two hours. The
+    # bounds are the deadline itself and wide margins, not speeds: a loaded CI machine may
+    # stall a thread for a second without anything being wrong.
     for mid in ("m0", "m2"):
         assert got[mid].content["update"].to_numpy_ndarrays()[0].tolist() == \
             [float(mid[1])] * 3
-        assert arrived[mid] < 0.5
+        assert arrived[mid] < timeout
     assert sorted(store.confirmed) == sorted(replies[m].object_id for m in ("m0", "m2"))
     assert got["m1"].has_error()
     assert got["m1"].error.reason.startswith(polling.UNAVAILABLE_REASON)
-    assert timeout - 0.5 <= arrived["m1"] <= timeout + polling.DEADLINE_GRACE + 0.5
+    assert timeout - 0.5 <= arrived["m1"] <= timeout + polling.DEADLINE_GRACE + 30
