@@ -80,7 +80,10 @@ def test_a_stopped_experiment_leaves_no_process_of_its_group(tmp_path: Path) -> 
     child, parent = (int(p) for p in pids.read_text().split())
     jobs._stop(proc)
     assert proc.returncode is not None
-    time.sleep(0.2)
+    # A signalled process ends when the scheduler next runs it: wait for that, not a fixed time.
+    deadline = time.monotonic() + 10
+    while (alive(child) or alive(parent)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not alive(child) and not alive(parent)
 
 
