@@ -43,6 +43,7 @@ from pathlib import Path
 
 import psutil
 
+from client.policy import POLICY_ENV
 from experiments.bench_round import timed_run
 from experiments.scale import MemoryMonitor
 from server.launcher import Federation, project_root
@@ -156,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, list[float]] = {"fedavg": [], "gpfl": []}
     peaks: dict[str, int] = {"fedavg": 0, "gpfl": 0}
     with Federation(workdir=work) as fed, contextlib.ExitStack() as stack:
-        fed.extra_env["GPFL_POLICY"] = str(policy)
+        fed.extra_env[POLICY_ENV] = str(policy)
         fed.extra_env["RAY_worker_niceness"] = "0"
         fed.start_superlink(simulation_supernodes=args.users)
         profiler = (stack.enter_context(Profiler(fed, args.py_spy))

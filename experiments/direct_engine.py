@@ -42,16 +42,13 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
-from client.policy import DevicePolicy
+from client.policy import POLICY_ENV
 from server.results import ROUND_TAG, mark_incomplete
-from server.rundir import add_ledgers
+from server.rundir import add_ledgers, write_policy
 from server.settings import RunSettings
-from settings.render import toml_value
 
 __all__ = ["DirectGrid", "launch_direct"]
 
-#: The environment variable the ClientApp reads its launch policy file from (as on Ray).
-POLICY_ENV = "GPFL_POLICY"
 #: The loggers whose records a run writes to its log (Flower's and the apps').
 LOGGERS = ("flwr", "server", "strategies", "mechanisms", "tasks", "client")
 
@@ -190,11 +187,7 @@ def launch_direct(run_config: Mapping[str, Any], supernodes: int, out: Path,
         check_node_config(device_policy, source="launch policy")
     except SettingError as err:
         raise LaunchError(str(err)) from None
-    policy_file = out / "policy.toml"
-    policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()),
-                           encoding="utf-8")
-    ledger_paths = [DevicePolicy.load({"policy-file": str(policy_file), **node}).ledger_path
-                    for node in nodes]
+    policy_file, ledger_paths = write_policy(out, device_policy, nodes)
     run = Run.create_empty(run_id=secrets.randbits(63) or 1)
     grid = DirectGrid(cast(Callable[[Message, Context], Message], client_app), run, nodes,
                       config)

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from client.policy import DevicePolicy
+from client.policy import POLICY_ENV
 from server.checkpoint import CHECKPOINT_NAME
 from server.federation import (
     CONNECTION,
@@ -35,7 +35,7 @@ from server.federation import (
 from server.processes import ProcessWatch
 from server.raycluster import ray_cluster_env
 from server.results import ROUND_TAG, mark_incomplete, plot_summary
-from server.rundir import FINISHED, add_ledgers, save_launch
+from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
 from server.settings import RunSettings
 from server.superlink_state import (
     STARTED,
@@ -44,7 +44,6 @@ from server.superlink_state import (
     superlink_restartable,
 )
 from settings import SettingError, check_node_config, check_run_config
-from settings.render import toml_value
 from tasks import require_installed
 
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
@@ -227,7 +226,7 @@ def launch(
     except SettingError as err:
         raise LaunchError(str(err)) from None
     try:
-        cluster_env = ray_cluster_env(ray_address, out / "policy.toml") if ray_address else {}
+        cluster_env = ray_cluster_env(ray_address, out / POLICY_FILE) if ray_address else {}
     except ValueError as err:
         raise LaunchError(str(err)) from None
     if simulation and node_configs:
@@ -245,12 +244,7 @@ def launch(
                       "tls": tls, "auth": auth, "simulation": simulation,
                       "ray_address": ray_address, "superlink_database": superlink_database,
                       "node_env": node_env})
-    policy_file = out / "policy.toml"
-    policy_file.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in device_policy.items()))
-    # Where each device keeps its ledger, as the device itself resolves it (its node config
-    # over the launch policy): read back after the run.
-    ledger_paths = [DevicePolicy.load({"policy-file": str(policy_file), **node}).ledger_path
-                    for node in nodes.values()]
+    policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())
     for path in ledger_paths:
         _check_writable(path.parent)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -303,7 +297,7 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
              f"logs in {fed.logs}")
         # Virtual nodes get no node config of their own: their device settings come
         # from the policy file named by the environment of the process that runs them.
-        fed.extra_env["GPFL_POLICY"] = str(policy_file)
+        fed.extra_env[POLICY_ENV] = str(policy_file)
         fed.start_superlink(simulation_supernodes=supernodes)
     else:
         echo(f"gpfl: SuperLink + {supernodes} SuperNodes (gRPC Fleet API), logs in {fed.logs}")

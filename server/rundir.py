@@ -18,14 +18,18 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from client.policy import DevicePolicy
 from mechanisms import LedgerCorruptError, PrivacyLedger
 from server.checkpoint import CHECKPOINT_NAME, CheckpointError, read_checkpoint
 from server.results import write_json_atomic
 from settings import setting
+from settings.render import toml_value
 
 logger = logging.getLogger(__name__)
 
 LAUNCH_FILE = "launch.json"
+#: The launch policy: the device settings every device of a local federation applies.
+POLICY_FILE = "policy.toml"
 #: Run-config keys that belong to one launch, not to the run: never saved, never replayed.
 _PER_LAUNCH = ("out-dir", "resume-from")
 #: Statuses after which there is nothing left to resume.
@@ -139,6 +143,22 @@ def ledger_report(ledgers: Iterable[Path], mechanism: str) -> dict[str, Any] | N
         "median": statistics.median(spends) if spends else None,
         "max": max(spends) if spends else None,
     }
+
+
+def write_policy(out_dir: Path, policy: Mapping[str, Any],
+                 nodes: Iterable[Mapping[str, Any]]) -> tuple[Path, list[Path]]:
+    """Write the launch ``policy`` to ``<out_dir>/policy.toml``; return it and the ledgers' paths.
+
+    The launcher plays the device owners of its local federation, so it names their policy
+    file. Each ledger path is where a device keeps its ledger, as the device itself resolves it
+    (its node config in ``nodes`` over the policy): the launch reads them back after the run.
+    """
+    path = out_dir / POLICY_FILE
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in policy.items()),
+                    encoding="utf-8")
+    ledgers = [DevicePolicy.load({"policy-file": str(path), **node}).ledger_path
+               for node in nodes]
+    return path, ledgers
 
 
 def add_ledgers(
