@@ -10,18 +10,18 @@ experiments side by side finish sooner than one after the other. Each experiment
 * an experiment in :data:`AFTER` waits for the one whose federations it reuses (``leakage``
   reads those of ``accuracy-vs-nu`` from the cache), so that no federation runs twice.
 
-Every process is started in its own session and, on an error or Ctrl-C, stopped by its process
-group (SIGTERM, then SIGKILL after :data:`GRACE_S`), so nothing is left running.
+Every process is started in its own session and, on an error or Ctrl-C, stopped with every
+process it started (SIGTERM, then SIGKILL after :data:`GRACE_S`), so nothing is left running.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+
+from server.processes import terminate_tree
 
 __all__ = ["AFTER", "ALONE", "run_jobs"]
 
@@ -79,20 +79,13 @@ def _start(argv: list[str]) -> subprocess.Popen[bytes]:
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stop an experiment's process group: SIGTERM, then SIGKILL for what is left.
+    """Stop an experiment and every process it started: SIGTERM, then SIGKILL after `GRACE_S`.
 
-    SIGTERM first, so that the experiment stops what it started (a federation's processes);
-    after it ends, or after `GRACE_S`, whatever is left of its group is killed.
+    :func:`server.processes.terminate_tree` collects the whole tree before it signals, so a
+    federation the experiment started in a session of its own is stopped with it.
     """
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
+    terminate_tree([proc.pid], GRACE_S)
+    proc.wait()
 
 
 def experiment_command(name: str, options: Sequence[str]) -> list[str]:

@@ -6,6 +6,7 @@ to a log; the schedule is read back from that log.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -67,24 +68,27 @@ def test_jobs_refuses_a_count_below_one() -> None:
         jobs.run_jobs(["dlg"], lambda name: ["true"], 0)
 
 
-def test_a_stopped_experiment_leaves_no_process_of_its_group(tmp_path: Path) -> None:
-    # An experiment that started a child which ignores nothing: both must end.
+def test_a_stopped_experiment_leaves_no_process_it_started(tmp_path: Path) -> None:
+    # An experiment that started two children which ignore nothing, one of them in a session
+    # of its own (as a federation's processes are): all three must end.
     pids = tmp_path / "pids"
     proc = subprocess.Popen(
-        ["sh", "-c", f"sleep 60 & echo $! > {pids}; echo $$ >> {pids}; wait"],
+        ["sh", "-c", f"sleep 60 & echo $! > {pids}; setsid sleep 60 & echo $! >> {pids}; "
+                     f"echo $$ >> {pids}; wait"],
         start_new_session=True)
     deadline = time.monotonic() + 10
-    while (not pids.exists() or len(pids.read_text().split()) < 2) and \
+    while (not pids.exists() or len(pids.read_text().split()) < 3) and \
             time.monotonic() < deadline:
         time.sleep(0.05)
-    child, parent = (int(p) for p in pids.read_text().split())
+    started = [int(p) for p in pids.read_text().split()]
+    assert os.getpgid(started[1]) != os.getpgid(started[2])  # the second is in another group
     jobs._stop(proc)
     assert proc.returncode is not None
     # A signalled process ends when the scheduler next runs it: wait for that, not a fixed time.
     deadline = time.monotonic() + 10
-    while (alive(child) or alive(parent)) and time.monotonic() < deadline:
+    while any(alive(p) for p in started) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(child) and not alive(parent)
+    assert [p for p in started if alive(p)] == []
 
 
 def alive(pid: int) -> bool:
