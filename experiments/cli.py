@@ -6,9 +6,9 @@ ClientApp, on the direct engine by default or on Flower's Simulation Engine with
 ``results.csv`` (a header row, one row per configuration and seed), PNG figures under
 ``figures/`` and ``meta.json`` into ``--out`` (default ``runs/experiments/<name>``), printing a
 progress line per finished configuration. ``--quick`` uses reduced settings (five seeds; on 2
-cores an experiment's federations take up to about 45 minutes, ``all``'s about 4 h); without it
-the settings follow the papers (many hours). ``report`` regenerates ``docs/RESULTS.md`` from
-those folders. From a clean clone::
+cores an experiment's federations take up to about 45 minutes, ``all``'s about 4 h, which
+``--jobs 2`` runs in about 1.5 h); without it the settings follow the papers (many hours).
+``report`` regenerates ``docs/RESULTS.md`` from those folders. From a clean clone::
 
     python -m experiments all --quick && python -m experiments report
 """
@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("name", choices=COMMANDS, help="the experiment, 'all', or 'report'")
     parser.add_argument("--quick", action="store_true",
                         help="reduced settings: five seeds, up to ~45 minutes an experiment on 2 "
-                             "cores, about 4 h of federations for 'all'")
+                             "cores, about 4 h of federations for 'all' (86 min with --jobs 2)")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default runs/experiments/<name>; for 'all' and "
                              "'report': the folder holding one folder per experiment, default "

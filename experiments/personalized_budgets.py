@@ -148,7 +148,7 @@ PROFILES: dict[str, dict[str, Any]] = {
              "accountings": list(ACCOUNTINGS), "seeds": [0, 1, 2, 3, 4]},
     # 002's two digits panels at budgets where the arithmetic mean learns ("readable"), both
     # readings; and in 002's own reading ("own": per-round) 002's own personalized budgets
-    # with A, B and C on both panels and its uniform budgets. Five seeds: 160 federations.
+    # with A, B and C on both panels and its uniform budgets. Five seeds: 165 federations.
     "quick": {"panels": ["digits-iid-gaussian", "digits-dirichlet-sign"], "uniform": False,
               "personalized": "readable", "accountings": list(ACCOUNTINGS), "no_noise": True,
               "own": ["per-round"], "seeds": [0, 1, 2, 3, 4]},

@@ -174,7 +174,7 @@ class ServerUpdate:
         for live, gone in splits:
             reseeded[live] = reseeded[gone] = round
             _LOG.info("round %d: hypothesis %d drew no release that moves it for %d rounds; "
-                      f"{RESEEDED} hypothesis %d's cluster", round, gone, self.reseed_after,
+                      "%s hypothesis %d's cluster", round, gone, self.reseed_after, RESEEDED,
                       live)
         return new, splits
 
