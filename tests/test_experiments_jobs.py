@@ -71,16 +71,19 @@ def test_jobs_refuses_a_count_below_one() -> None:
 def test_a_stopped_experiment_leaves_no_process_it_started(tmp_path: Path) -> None:
     # An experiment that started two children which ignore nothing, one of them in a session
     # of its own (as a federation's processes are): all three must end.
-    pids = tmp_path / "pids"
+    # Each process writes its own pid once it is what it will be: the second child writes after
+    # setsid() has run, so the check on its group below cannot race the child's start.
+    files = [tmp_path / name for name in ("child", "own-session", "shell")]
     proc = subprocess.Popen(
-        ["sh", "-c", f"sleep 60 & echo $! > {pids}; setsid sleep 60 & echo $! >> {pids}; "
-                     f"echo $$ >> {pids}; wait"],
+        ["sh", "-c", f"sleep 60 & echo $! > {files[0]}; "
+                     f"setsid sh -c 'echo $$ > {files[1]}; exec sleep 60' & "
+                     f"echo $$ > {files[2]}; wait"],
         start_new_session=True)
     deadline = time.monotonic() + 10
-    while (not pids.exists() or len(pids.read_text().split()) < 3) and \
+    while not all(f.exists() and f.read_text().strip() for f in files) and \
             time.monotonic() < deadline:
         time.sleep(0.05)
-    started = [int(p) for p in pids.read_text().split()]
+    started = [int(f.read_text()) for f in files]
     assert os.getpgid(started[1]) != os.getpgid(started[2])  # the second is in another group
     jobs._stop(proc)
     assert proc.returncode is not None
