@@ -45,7 +45,7 @@ from flwr.supercore.run import Run
 from client.policy import POLICY_ENV
 from server.results import ROUND_TAG, mark_incomplete
 from server.rundir import add_ledgers, write_policy
-from server.settings import RunSettings
+from server.settings import check_launch
 
 __all__ = ["DirectGrid", "launch_direct"]
 
@@ -174,7 +174,7 @@ def launch_direct(run_config: Mapping[str, Any], supernodes: int, out: Path,
     from client.app import app as client_app
     from server.app import app as server_app
     from server.launcher import LaunchError
-    from settings import SettingError, check_node_config, check_run_config, federation_defaults
+    from settings import SettingError, federation_defaults
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
@@ -182,9 +182,7 @@ def launch_direct(run_config: Mapping[str, Any], supernodes: int, out: Path,
     device_policy = {"ledger-dir": str(out / "ledgers"), **policy}
     nodes = [{"partition-id": i, "num-partitions": supernodes} for i in range(supernodes)]
     try:
-        check_run_config(config)
-        RunSettings.from_run_config(config)
-        check_node_config(device_policy, source="launch policy")
+        check_launch(config, device_policy, nodes)
     except SettingError as err:
         raise LaunchError(str(err)) from None
     policy_file, ledger_paths = write_policy(out, device_policy, nodes)

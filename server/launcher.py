@@ -36,15 +36,14 @@ from server.processes import ProcessWatch
 from server.raycluster import ray_cluster_env
 from server.results import ROUND_TAG, mark_incomplete, plot_summary
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
-from server.settings import RunSettings
+from server.settings import check_launch
 from server.superlink_state import (
     STARTED,
     SUPERLINK_DATABASE,
     fresh_database,
     superlink_restartable,
 )
-from settings import SettingError, check_node_config, check_run_config
-from tasks import require_installed
+from settings import SettingError
 
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
 __all__ = [
@@ -212,17 +211,7 @@ def launch(
     nodes = {i: {"partition-id": i, "num-partitions": supernodes,
                  **(node_configs or {}).get(i, {})} for i in range(supernodes)}
     try:
-        # Everything is checked before any process starts: a bad key or value fails here,
-        # within a second, naming the key, the value and what is allowed.
-        checked = check_run_config(config)
-        # The combinations too (min-replies > clients-per-round, ...), not only each key.
-        run_settings = RunSettings.from_run_config(config)
-        # The ServerApp resolves the task against this environment's plugins: a name no
-        # installed package registers fails here, not after the federation has started.
-        require_installed(checked["task"])
-        check_node_config(device_policy, source="launch policy")
-        for i, node in nodes.items():
-            check_node_config(node, source=f"node config of SuperNode {i}")
+        run_settings = check_launch(config, device_policy, nodes.values())
     except SettingError as err:
         raise LaunchError(str(err)) from None
     try:

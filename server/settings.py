@@ -8,16 +8,17 @@ is its own business (:mod:`client.policy`): the server cannot know the devices' 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from settings import SettingError, check_run_config
+from settings import SettingError, check_node_config, check_run_config
 from settings.rules import check_run_rules
 from strategies.server_update import ServerUpdate
+from tasks import require_installed
 
-__all__ = ["RunSettings", "SettingError"]
+__all__ = ["RunSettings", "SettingError", "check_launch"]
 
 @dataclass(frozen=True)
 class RunSettings:
@@ -80,3 +81,26 @@ class RunSettings:
         """Return the run config as the ServerApp's task reads it (its own device and data)."""
         return {**self.values, "device": self.values["server-device"],
                 "data-path": self.values["server-data-path"]}
+
+
+def check_launch(run_config: Mapping[str, Any], policy: Mapping[str, Any],
+                 nodes: Iterable[Mapping[str, Any]]) -> RunSettings:
+    """Check what a local launch hands its federation, before any of it runs; return the settings.
+
+    The run config (each key, then the combinations: ``min-replies`` above
+    ``clients-per-round``, ...), its task (the ServerApp resolves it against this environment's
+    plugins, so a name no installed package registers fails here, not after the federation has
+    started), the launch ``policy`` and each node config in ``nodes``: a bad key or value fails
+    within a second, naming the key, the value and what is allowed.
+
+    Raises
+    ------
+    SettingError
+        Naming the setting, its value and where it came from.
+    """
+    settings = RunSettings.from_run_config(run_config)
+    require_installed(settings.task)
+    check_node_config(policy, source="launch policy")
+    for i, node in enumerate(nodes):
+        check_node_config(node, source=f"node config of SuperNode {i}")
+    return settings
