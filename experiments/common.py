@@ -263,26 +263,19 @@ class Context:
         directory.mkdir(parents=True)
         engine = engine or self.engine
         self.log(f"--- {self.name} {spec.label} ({engine} engine): {directory}")
+        policy, echo = experiment_policy(spec.config), echo or self.log
+        summary: dict[str, Any]
         if engine == "direct":
             from experiments.direct_engine import launch_direct
 
-            direct = launch_direct(spec.config, spec.supernodes, directory,
-                                   experiment_policy(spec.config), echo or self.log)
-            self.launched += 1
-            return direct
-        from server.launcher import launch  # Flower is imported only when a run is needed
+            summary = launch_direct(spec.config, spec.supernodes, directory, policy, echo)
+        else:
+            from server.launcher import launch  # Flower is imported only when a run is needed
 
-        result = launch(
-            supernodes=spec.supernodes,
-            simulation=True,
-            run_config=spec.config,
-            policy=experiment_policy(spec.config),
-            out_dir=directory,
-            echo=echo or self.log,
-            timeout=self.timeout,
-        )
+            summary = launch(supernodes=spec.supernodes, simulation=True, run_config=spec.config,
+                             policy=policy, out_dir=directory, echo=echo,
+                             timeout=self.timeout).summary
         self.launched += 1
-        summary: dict[str, Any] = result.summary
         return summary
 
     def write_meta(self, started: float, extra: Mapping[str, Any] | None = None) -> None:
