@@ -177,11 +177,11 @@ def specs(profile: str, seeds: list[int]
         elif readable:
             personalized.append(readable)
         settings += [("personalized", b, aggregations) for b in personalized]
-        if accounting in p.get("own", ()):
+        own = accounting in p.get("own", ())  # 002's own budgets, besides the readable ones
+        if own:
             settings += [("personalized", b, list(AGGREGATIONS))
                          for b in spec["budgets"]["personalized"]]
-            settings += [("uniform", b, ["mean"]) for b in spec["budgets"]["uniform"]]
-        if p["uniform"]:
+        if p["uniform"] or own:
             settings += [("uniform", b, ["mean"]) for b in spec["budgets"]["uniform"]]
         if p["uniform"] or p.get("no_noise"):
             settings.append(("no noise", "", ["mean"]))
