@@ -13,8 +13,11 @@ many devices a round has.
 
 The round's deadline stays Flower's: the instruction's TTL is the round timeout, and the
 SuperLink answers an instruction still unanswered at its TTL with a *Message Unavailable* error
-when it is pulled. The poller pulls for :data:`DEADLINE_GRACE` seconds past the deadline to
-receive that answer; if none came, ``send_and_receive`` raises :class:`TimeoutError`, which
+when it is pulled. Flower's client proxy passes ``send_and_receive`` no ``timeout`` (only the
+TTL), so the deadline is read from the instructions themselves (``created_at + ttl``, as the
+SuperLink reads it; an explicit ``timeout`` can only shorten it). The poller pulls for
+:data:`DEADLINE_GRACE` seconds past the deadline to receive the SuperLink's answer; if none
+came, ``send_and_receive`` raises :class:`TimeoutError`, which
 :func:`strategies.proxies.classify_failure` counts as a missed deadline, as the error would be.
 
 The SuperLink hands a reply over as soon as its envelope is stored, before the device has
@@ -127,13 +130,19 @@ class PollingGrid(Grid):
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> list[Message]:
-        """Push ``messages``; return their replies as they arrive, until ``timeout`` (+ grace).
+        """Push ``messages``; return their replies as they arrive, until the deadline (+ grace).
+
+        The deadline is the earliest instruction's TTL (its ``created_at + ttl``), or ``timeout``
+        seconds from now if that comes first.
 
         Raises
         ------
         TimeoutError
             If no reply at all came in time (the caller's one instruction missed its deadline).
         """
+        messages = list(messages)
+        started = time.monotonic()
+        end = _deadline(messages, timeout)
         # One push at a time: the SuperLink asks each push for every object of its message
         # that is not yet *available* in its store, so concurrent pushes of a round's
         # instruction (the same hypotheses for every device) each uploaded all of it; in turn,
@@ -142,7 +151,6 @@ class PollingGrid(Grid):
         with self._push_lock:
             ids = list(self.grid.push_messages(messages))
         futures: dict[str, Future[Message]] = {}
-        end = None if timeout is None else time.monotonic() + timeout + DEADLINE_GRACE
         with self._lock:
             for mid in ids:
                 futures[mid] = Future()
@@ -165,7 +173,8 @@ class PollingGrid(Grid):
                     self._waiting.pop(mid, None)
                     self._pulling.discard(mid)
         if ids and not replies:
-            raise TimeoutError(f"no reply within the round's deadline ({timeout} s)")
+            raise TimeoutError(f"no reply within the round's deadline (waited "
+                               f"{time.monotonic() - started:.1f} s)")
         return replies
 
     def _poll(self) -> None:
@@ -251,3 +260,17 @@ class PollingGrid(Grid):
         message = cast(Message, inflate_object_from_contents(msg_id, contents))
         message.metadata.__dict__["_message_id"] = msg_id  # as Flower's pull_messages does
         self._resolve([message])
+
+
+def _deadline(messages: list[Message], timeout: float | None) -> float | None:
+    """Return the monotonic time until which replies to ``messages`` are awaited (None: ever).
+
+    The SuperLink expires an instruction at its ``created_at + ttl`` (wall-clock seconds); the
+    replies are awaited :data:`DEADLINE_GRACE` seconds past the earliest such time, or past
+    ``timeout`` seconds from now if that is earlier.
+    """
+    now, wall = time.monotonic(), time.time()
+    left = [m.metadata.created_at + m.metadata.ttl - wall for m in messages]
+    if timeout is not None:
+        left.append(timeout)
+    return now + max(0.0, min(left)) + DEADLINE_GRACE if left else None

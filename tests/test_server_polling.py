@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, Error, Metadata, RecordDict
+from flwr.app import DEFAULT_TTL, ArrayRecord, Error, Metadata, RecordDict
 from flwr.app.message import make_message, remove_content_from_message
 from flwr.common.constant import ErrorCode
 from flwr.common.serde import message_to_proto
@@ -22,6 +22,17 @@ from flwr.superlink.grid.http_grid import HttpGrid
 
 from server import polling
 from server.polling import PollingGrid
+
+
+class Instruction:
+    """An instruction as the grid pushes it: an id, and a TTL counted from its creation (now)."""
+
+    def __init__(self, mid: str, ttl: float = DEFAULT_TTL) -> None:
+        self.mid = mid
+        self.metadata = SimpleNamespace(ttl=ttl, created_at=time.time())
+
+    def __str__(self) -> str:
+        return self.mid
 
 
 class FakeGrid:
@@ -53,7 +64,7 @@ def test_every_instruction_in_flight_is_pulled_by_one_poller() -> None:
     # Execute
     with ThreadPoolExecutor(20) as pool:
         replies = list(pool.map(
-            lambda i: wrapped.send_and_receive([f"m{i}"], timeout=30), range(20)))
+            lambda i: wrapped.send_and_receive([Instruction(f"m{i}")], timeout=30), range(20)))
 
     # Assert: each got its own reply; the pulls asked for many instructions at once, never
     # one pull per instruction per interval.
@@ -85,17 +96,20 @@ def test_pushes_go_one_at_a_time_so_the_superlink_stores_shared_content_once() -
     # Execute: one thread a device, as Flower's round sends them.
     with ThreadPoolExecutor(20) as pool:
         replies = list(pool.map(
-            lambda i: wrapped.send_and_receive([f"m{i}"], timeout=30), range(20)))
+            lambda i: wrapped.send_and_receive([Instruction(f"m{i}")], timeout=30), range(20)))
 
     # Assert: every device got its reply, and no two pushes overlapped.
     assert [r[0].id for r in replies] == [f"m{i}" for i in range(20)]
     assert most == 1
 
 
+@pytest.mark.parametrize(("ttl", "timeout"), [(0.05, None), (DEFAULT_TTL, 0.05)],
+                         ids=["the instruction's TTL", "a timeout"])
 def test_an_instruction_without_reply_times_out_as_a_missed_deadline(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, ttl: float, timeout: float | None
 ) -> None:
-    # Prepare: a reply that never comes, a deadline of 0.05 s (+ a short grace).
+    # Prepare: a reply that never comes, a deadline of 0.05 s (+ a short grace): the
+    # instruction's TTL, as Flower's client proxy sets it (with no timeout), or a timeout.
     monkeypatch.setattr(polling, "DEADLINE_GRACE", 0.05)
     grid = FakeGrid({})
     wrapped: Any = PollingGrid(grid, interval=0.01)  # type: ignore[arg-type]
@@ -103,7 +117,7 @@ def test_an_instruction_without_reply_times_out_as_a_missed_deadline(
     # Execute / Assert: TimeoutError (a missing device for the strategy), after the deadline.
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="deadline"):
-        wrapped.send_and_receive(["lost"], timeout=0.05)
+        wrapped.send_and_receive([Instruction("lost", ttl)], timeout=timeout)
     assert time.monotonic() - start >= 0.1
     # The poller stops once nothing is awaited: the grid is pulled no more (but for a pull
     # already under way), however long it is left.
@@ -127,7 +141,7 @@ def test_a_failing_pull_is_retried() -> None:
     wrapped: Any = PollingGrid(grid, interval=0.01)  # type: ignore[arg-type]
 
     # Execute / Assert
-    assert [r.id for r in wrapped.send_and_receive(["m"], timeout=30)] == ["m"]
+    assert [r.id for r in wrapped.send_and_receive([Instruction("m")], timeout=30)] == ["m"]
 
 
 class StoredReplies:
@@ -216,7 +230,8 @@ def test_a_reply_whose_upload_never_finishes_holds_up_only_its_own_device() -> N
     arrived: dict[str, float] = {}
 
     def send(mid: str) -> Any:
-        reply = wrapped.send_and_receive([mid], timeout=timeout)[0]
+        # As Flower's client proxy sends it: the deadline is the instruction's TTL alone.
+        reply = wrapped.send_and_receive([Instruction(mid, ttl=timeout)])[0]
         arrived[mid] = time.monotonic() - start
         return reply
 
