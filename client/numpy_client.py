@@ -48,6 +48,7 @@ from client.release import (
     check_instruction,
     check_shapes,
     choose_hypothesis,
+    make_release,
     plan_release,
     usable_model,
 )
@@ -57,11 +58,9 @@ from mechanisms import (
     LedgerCorruptError,
     PrivacyLedger,
     Spend,
-    cast_release,
     device_rng,
     seeded_rng,
 )
-from mechanisms.invariant import verify_release
 from tasks import Task, TaskDataError, preflight_task
 
 __all__ = [
@@ -330,16 +329,8 @@ class GpflClient(NumPyClient):
         if not ok:
             logger.warning("%s: the trained model is not finite or beyond max-parameter; the "
                            "hypothesis is released in its place (with the charged noise)", s.name)
-        rng = self._noise_rng(s, releases)
-        # Made in float64, cast to the model's dtypes last (post-processing): the noise is
-        # checked before the cast, which may round noise below float32's resolution away.
-        exact = plan.mechanism.sanitize_exact(reference, updated, rng=rng, spread=plan.spread)
-        released = cast_release(exact, updated)
-        # The last line of defence: nothing leaves without the noise its charge paid for.
-        verify_release(plan.mechanism, plan.event, reference=reference, updated=updated,
-                       released=released, exact=exact, spread=plan.spread,
-                       allow_unsanitized=s.privacy.mechanism == "none")
-        return released
+        return make_release(plan, reference, updated, rng=self._noise_rng(s, releases),
+                            allow_unsanitized=s.privacy.mechanism == "none")
 
     def evaluate(
         self, parameters: Arrays, config: dict[str, Any]

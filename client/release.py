@@ -32,9 +32,11 @@ from mechanisms import (
     NoMechanism,
     PrivacyEvent,
     StochasticSign,
+    cast_release,
     hypotheses_diameter,
     l2_sensitivity,
 )
+from mechanisms.invariant import verify_release
 
 __all__ = [
     "InstructionError",
@@ -43,6 +45,7 @@ __all__ = [
     "check_instruction",
     "check_shapes",
     "choose_hypothesis",
+    "make_release",
     "plan_release",
     "usable_model",
 ]
@@ -296,3 +299,29 @@ def usable_model(trained: Any, reference: Arrays, *, max_abs: float) -> tuple[Ar
     if not ok:
         return [r.copy() for r in reference], False
     return [m.astype(r.dtype, copy=False) for m, r in zip(model, reference, strict=True)], True
+
+
+def make_release(
+    plan: ReleasePlan, reference: Arrays, updated: Arrays, *, rng: np.random.Generator,
+    allow_unsanitized: bool = False,
+) -> Arrays:
+    """Return the arrays that leave the device: sanitize, cast to float32, check.
+
+    This is the one path of a device-level release, the same in ``fit``, the privacy audits
+    and the benchmarks: the mechanism's exact release on its public grid
+    (:meth:`~mechanisms.Mechanism.sanitize_exact`), its cast to the release dtype
+    (:func:`~mechanisms.cast_release`, float32 whatever the server sent) and the release
+    invariant (:func:`~mechanisms.invariant.verify_release`) on both.
+
+    Raises
+    ------
+    mechanisms.invariant.ReleaseRefused
+        The release does not carry the noise its charge paid for (nothing may be sent).
+    """
+    exact = plan.mechanism.sanitize_exact(reference, updated, rng=rng, spread=plan.spread)
+    released = cast_release(exact, updated)
+    # The last line of defence: nothing leaves without the noise its charge paid for.
+    verify_release(plan.mechanism, plan.event, reference=reference, updated=updated,
+                   released=released, exact=exact, spread=plan.spread,
+                   allow_unsanitized=allow_unsanitized)
+    return released

@@ -10,8 +10,8 @@ sent it). The client calls, in this order::
     released = mechanism.sanitize(reference, updated, rng=device_rng(), spread=spread)
 
 ``sanitize`` is ``cast_release(sanitize_exact(...), updated)``: the release is made in
-float64 and cast to the model's dtypes last (post-processing), so that a check of its noise
-can be made before rounding.
+float64, exactly on a public power-of-two grid (:mod:`mechanisms.grid`), and cast to float32
+last (post-processing), so that a check of its noise can be made before the cast.
 
 ``reference`` and ``updated`` are sequences of floating-point arrays (one model's
 layers, same count and shapes, finite values); every method validates them.
@@ -34,6 +34,7 @@ from numpy.random import Generator
 
 from mechanisms._validation import check_generator, check_model_pair, check_non_negative_finite
 from mechanisms.events import PrivacyEvent
+from mechanisms.grid import RELEASE_DTYPE
 
 #: One model's layers, as the mechanisms take and return them.
 Layers: TypeAlias = list[np.ndarray]
@@ -71,7 +72,7 @@ class Mechanism(ABC, Generic[EventT]):
         rng: np.random.Generator,
         spread: float = 0.0,
     ) -> list[np.ndarray]:
-        """Return the release: new arrays with the shapes and dtypes of ``updated``.
+        """Return the release: new float32 arrays with the shapes of ``updated``.
 
         Parameters
         ----------
@@ -89,12 +90,13 @@ class Mechanism(ABC, Generic[EventT]):
 
     def sanitize_exact(self, reference: Sequence[np.ndarray], updated: Sequence[np.ndarray], *,
                        rng: np.random.Generator, spread: float = 0.0) -> list[np.ndarray]:
-        """Return the release in float64, before :meth:`sanitize` casts it to the model's dtypes.
+        """Return the release in float64, before :meth:`sanitize` casts it to float32.
 
-        The noise is drawn and added in float64; casting the sum to a narrower dtype
-        (float32 on the wire) is post-processing of this release, so it keeps its
-        guarantee, but it may round away noise smaller than the dtype's resolution at
-        the model's values. A check of the noise (:func:`mechanisms.invariant.verify_release`)
+        The noise is drawn in float64 and the exact real sum is rounded onto the
+        release's public grid; casting it to float32 (on the wire) is post-processing of
+        this release, so it keeps its guarantee, but it may round away noise smaller
+        than float32's resolution at the model's values. A check of the noise
+        (:func:`mechanisms.invariant.verify_release`)
         is made on this array; what is sent must be exactly ``cast_release`` of it.
         Same arguments as :meth:`sanitize`.
         """
@@ -137,22 +139,27 @@ class Mechanism(ABC, Generic[EventT]):
 
 
 def cast_release(exact: Sequence[np.ndarray], like: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Cast a float64 release (:meth:`Mechanism.sanitize_exact`) to the dtypes of ``like``.
+    """Cast a float64 release (:meth:`Mechanism.sanitize_exact`) to the release dtype.
+
+    Every release leaves as :data:`~mechanisms.grid.RELEASE_DTYPE` (float32), whatever the
+    dtypes of the hypotheses the server sent or of the model: the device, not the server,
+    fixes the precision of what it publishes. ``like`` gives the layers' count and shapes.
 
     Raises
     ------
     ValueError
-        If a value overflows the layer's dtype (the noise is too large for it).
+        If a value overflows float32 (the noise is too large for it).
     """
     out = []
     for index, (values, model) in enumerate(zip(exact, like, strict=True)):
-        dtype = np.asarray(model).dtype
         with np.errstate(over="ignore"):
-            cast = np.asarray(values).astype(dtype, copy=True)
+            cast = np.asarray(values).astype(RELEASE_DTYPE, copy=True)
         if not np.isfinite(cast).all():
             raise ValueError(
-                f"layer {index}: the noisy release overflows {dtype}; the noise is too large "
-                "for this dtype"
+                f"layer {index}: the noisy release overflows {RELEASE_DTYPE}; the noise is too "
+                "large for it"
             )
+        if cast.shape != np.shape(model):
+            raise ValueError(f"layer {index}: the release's shape is not the model's")
         out.append(cast)
     return out

@@ -42,6 +42,7 @@ from mechanisms.base import Layers, Mechanism
 from mechanisms.calibration import calibrate_gaussian_noise_multiplier
 from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2, l2_sensitivity
 from mechanisms.events import GaussianReleaseEvent
+from mechanisms.grid import grid_spacing, on_grid
 
 #: The event of a clipped-Gaussian mechanism: a Gaussian release or its sign.
 _GaussianEventT = TypeVar("_GaussianEventT", bound=GaussianReleaseEvent, covariant=True)
@@ -139,8 +140,9 @@ class GaussianMechanism(_ClippedGaussianBase[GaussianReleaseEvent]):
 
     Notes
     -----
-    The noise is drawn in float64, added in float64 and cast back to each array's
-    dtype. ``noise_multiplier`` (z) is the calibrated σ/Δ; the event carries it.
+    The noise is drawn in float64; the exact real sum is rounded onto the public grid of σ
+    (:mod:`mechanisms.grid`) and the release leaves as float32. ``noise_multiplier`` (z)
+    is the calibrated σ/Δ; the event carries it.
     """
 
     name: ClassVar[str] = "gaussian"
@@ -156,14 +158,16 @@ class GaussianMechanism(_ClippedGaussianBase[GaussianReleaseEvent]):
         """
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)
+        sigma = self._noise_sigma(n, spread)
+        spacing = grid_spacing(sigma)
         noise = rng.standard_normal(n)
-        noise *= self._noise_sigma(n, spread)
+        noise *= sigma
         out = []
         offset = 0
         for r, d, u in zip(ref, clipped, upd, strict=True):
             layer = noise[offset:offset + u.size].reshape(u.shape)
             offset += u.size
-            layer += d
-            np.add(layer, r, out=layer, casting="same_kind")
-            out.append(layer)
+            # The exact real sum hypothesis + clipped update + noise, rounded onto the public
+            # grid of σ (mechanisms.grid): no float rounding of the sum reaches the release.
+            out.append(on_grid([layer, np.asarray(r, dtype=np.float64), d], spacing))
         return out

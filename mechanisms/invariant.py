@@ -9,8 +9,8 @@ without the mechanism's own noise or σ (what it does read is said below), that
    noise multiplier (RDP) that is positive and finite, and it is the event of this
    very release (recomputed from the release's shapes and the mechanism's
    parameters);
-2. the release is well formed: the layers' count, shapes and dtypes of the model,
-   every value finite;
+2. the release is well formed: the layers' count and shapes of the model, the
+   device's release dtype (float32, whatever the server sent), every value finite;
 3. the noise is there, at the scale the charge paid for: the noise actually added
    (the release in float64, before its cast to the model's dtypes, minus the
    noiseless output) is not smaller than the charged scale allows, up to a
@@ -18,7 +18,12 @@ without the mechanism's own noise or σ (what it does read is said below), that
    probability at most :data:`REFUSAL_PROBABILITY`; and the arrays sent are
    exactly the cast of that float64 release. The cast is post-processing (it
    keeps the guarantee) but may round noise below the dtype's resolution away:
-   float32 has a spacing of 0.0625 at 1e6, a device's largest parameter.
+   float32 has a spacing of 0.0625 at 1e6, a device's largest parameter;
+4. the release is floating-point safe: every value of the float64 release is an
+   integer multiple of the grid spacing (:func:`~mechanisms.grid.grid_spacing`)
+   of the scale computed here from the charge, so the set of values a release
+   can take is fixed by public numbers (for the neighbourhood calibration, by
+   ν and the radius the charge scales to), never by the last bits of the data.
 
 What the check takes from the mechanism, and why that is sound. The scale is
 computed here, from the charged event and public numbers: ν·max(‖δ‖, r_min) for
@@ -61,6 +66,8 @@ from mechanisms.events import (
     NonPrivateEvent,
     SignReleaseEvent,
 )
+from mechanisms.grid import RELEASE_DTYPE, grid_spacing, on_grid_exactly
+from mechanisms.laplace import laplace_grid, neighbourhood_epsilon
 
 __all__ = ["REFUSAL_PROBABILITY", "ReleaseRefused", "lower_tail_factor", "verify_release"]
 
@@ -154,21 +161,27 @@ def verify_release(
         raise ReleaseRefused(f"the charged event {event!r} is not this release's {expected!r}")
     _check_shape(upd, out)
     if exact is not None:
-        out = _check_cast(upd, out, exact)
+        out = _check_cast(out, exact)
     if isinstance(event, NonPrivateEvent):
         return
+    if exact is None and not isinstance(event, SignReleaseEvent):
+        raise ReleaseRefused("a noisy release without its float64 grid values cannot be checked")
     if isinstance(event, NeighbourhoodEvent):
         least = getattr(mechanism, "least_radius", None) or 0.0
         blocks = _blocks(upd, len(event.dimensions))
         for layers in blocks:
             delta = math.sqrt(math.fsum(
                 sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64)) for i in layers))
-            _check_radial_noise(upd, out, layers, event.noise_multiplier * max(delta, least))
+            n = sum(upd[i].size for i in layers)
+            try:
+                epsilon = neighbourhood_epsilon(n, event.noise_multiplier, max(delta, least))
+            except ValueError:
+                raise ReleaseRefused("the charged noise scale is not positive and finite") from None
+            _check_radial_noise(upd, out, layers, epsilon)
     elif isinstance(event, MetricPrivacyEvent):
         blocks = _blocks(upd, len(event.layers))
         for layers, (epsilon, _) in zip(blocks, event.layers, strict=True):
-            n = sum(upd[i].size for i in layers)
-            _check_radial_noise(upd, out, layers, n / epsilon)
+            _check_radial_noise(upd, out, layers, epsilon)
     elif isinstance(event, SignReleaseEvent):
         _check_sign(mechanism, event, upd, out)
     elif isinstance(event, GaussianReleaseEvent):
@@ -202,16 +215,15 @@ def _check_shape(upd: list[np.ndarray], out: list[np.ndarray]) -> None:
     if len(out) != len(upd):
         raise ReleaseRefused(f"the release has {len(out)} layers, the model {len(upd)}")
     for i, (u, o) in enumerate(zip(upd, out, strict=True)):
-        if o.shape != u.shape or o.dtype != u.dtype:
+        if o.shape != u.shape or o.dtype != RELEASE_DTYPE:
             raise ReleaseRefused(
-                f"layer {i}: released {o.shape} {o.dtype}, the model is {u.shape} {u.dtype}")
+                f"layer {i}: released {o.shape} {o.dtype}, the release must be {u.shape} "
+                f"{RELEASE_DTYPE}")
         if not np.isfinite(o).all():
             raise ReleaseRefused(f"layer {i}: the release holds non-finite values")
 
 
-def _check_cast(
-    upd: list[np.ndarray], out: list[np.ndarray], exact: Sequence[np.ndarray]
-) -> list[np.ndarray]:
+def _check_cast(out: list[np.ndarray], exact: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Return the float64 release of which ``out`` must be exactly the cast; else refuse."""
     noisy = [np.asarray(a) for a in exact]
     if len(noisy) != len(out):
@@ -221,7 +233,7 @@ def _check_cast(
             raise ReleaseRefused(f"layer {i}: the float64 release is not a finite float64 array "
                                  "of the model's shape")
         with np.errstate(over="ignore"):
-            cast = n.astype(upd[i].dtype)
+            cast = n.astype(RELEASE_DTYPE)
         if not np.array_equal(cast, o):
             raise ReleaseRefused(f"layer {i}: the release is not the cast of its float64 release")
     return noisy
@@ -238,18 +250,36 @@ def _blocks(upd: list[np.ndarray], count: int) -> list[tuple[int, ...]]:
 
 
 def _check_radial_noise(
-    upd: list[np.ndarray], out: list[np.ndarray], layers: tuple[int, ...], mean_norm: float
+    upd: list[np.ndarray], out: list[np.ndarray], layers: tuple[int, ...], epsilon: float
 ) -> None:
-    """Euclidean Laplace: the noise norm is Gamma(n, mean/n); refuse one below its 1e-9 tail."""
+    """Euclidean Laplace: the noise norm is Gamma(n, 1/ε); refuse one below its 1e-9 tail.
+
+    The release must also lie on the grid of ε (:func:`~mechanisms.laplace.laplace_grid`).
+    """
     n = sum(upd[i].size for i in layers)
+    mean_norm = n / epsilon if epsilon > 0.0 else math.inf
     if not (mean_norm > 0.0 and math.isfinite(mean_norm)):
         raise ReleaseRefused(f"the charged noise scale is not positive and finite: {mean_norm!r}")
+    try:
+        spacing = laplace_grid(n, epsilon)
+    except ValueError:
+        raise ReleaseRefused("the charged noise scale has no release grid") from None
+    _check_grid(out, layers, spacing)
     realized = math.sqrt(math.fsum(
         sum_of_squares(np.subtract(out[i], upd[i], dtype=np.float64)) for i in layers))
     if realized < lower_tail_factor(n) * mean_norm:
         raise ReleaseRefused(
             f"a block of {n} parameters carries noise of norm {realized:.3g}, below what its "
             "charge pays for")
+
+
+def _check_grid(out: list[np.ndarray], layers: tuple[int, ...], spacing: float) -> None:
+    """Refuse a release whose float64 values are not all on the public grid of its charge."""
+    for i in layers:
+        if not on_grid_exactly(out[i], spacing):
+            raise ReleaseRefused(
+                f"layer {i}: the release is not on the grid of its charged noise scale "
+                f"(spacing {spacing:.3g}): its last bits could carry the data")
 
 
 def _check_gaussian(
@@ -269,6 +299,11 @@ def _check_gaussian(
         for o, r, d in zip(out, ref, clipped, strict=True))
     if not (sigma > 0.0 and math.isfinite(sigma)):
         raise ReleaseRefused(f"the charged noise scale is not positive and finite: {sigma!r}")
+    try:
+        spacing = grid_spacing(sigma)
+    except ValueError:
+        raise ReleaseRefused("the charged noise scale has no release grid") from None
+    _check_grid(out, tuple(range(len(out))), spacing)
     # ‖ρ‖²/(2σ²) ~ Gamma(n/2, 1): refuse below its 1e-9 lower tail.
     if energy < lower_tail_factor(n / 2) * n * sigma * sigma:
         raise ReleaseRefused(

@@ -35,6 +35,7 @@ from mechanisms._validation import (
 )
 from mechanisms.base import Layers, Mechanism
 from mechanisms.events import MetricPrivacyEvent, NeighbourhoodEvent
+from mechanisms.grid import grid_spacing, on_grid
 
 CALIBRATIONS = ("neighbourhood", "fixed")
 
@@ -104,7 +105,9 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
 
     The release is ``updated + ρ`` with ρ drawn by :func:`sample_euclidean_laplace`
     over the flattened model (or layer by layer with ``per_layer=True``). The noise
-    is drawn in float64, added in float64 and cast back to each array's dtype.
+    is drawn in float64; the exact real sum is rounded onto a public power-of-two grid
+    (:mod:`mechanisms.grid`, a sixteenth of the noise's per-coordinate scale or finer) and
+    the release leaves as float32.
 
     Parameters
     ----------
@@ -248,12 +251,13 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
         out: list[np.ndarray | None] = [None] * len(upd)
         for block in self._blocks(ref, upd):
             noise = sample_euclidean_laplace(block.size, block.epsilon, rng)
+            spacing = laplace_grid(block.size, block.epsilon)
             offset = 0
             for i in block.layers:
                 layer = noise[offset:offset + upd[i].size].reshape(upd[i].shape)
                 offset += upd[i].size
-                np.add(layer, upd[i], out=layer, casting="same_kind")
-                out[i] = layer
+                # The exact sum, rounded onto the block's public grid (mechanisms.grid).
+                out[i] = on_grid([layer, np.asarray(upd[i], dtype=np.float64)], spacing)
         # Empty layers (skipped in per-layer mode) have nothing to hide.
         return [u.astype(np.float64) if o is None else o for o, u in zip(out, upd, strict=True)]
 
@@ -273,6 +277,18 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
                            for b in blocks)
         sigma = math.sqrt(energy / total) if total else 0.0
         return {"sigma": sigma, "budget-epsilon": 0.0, "budget-delta": 0.0}
+
+
+def laplace_grid(size: int, epsilon: float) -> float:
+    """Return the grid of a block of ``size`` coordinates under Euclidean Laplace noise of ε.
+
+    The noise's per-coordinate standard deviation is √(n+1)/ε; the grid is computed from
+    √n/ε (slightly less, so at least as fine) by :func:`mechanisms.grid.grid_spacing`.
+    For the fixed calibration ε is public; for the neighbourhood one ε = n/(ν·r) carries the
+    block's radius r, so the grid says ⌊log2(ν·r/√n)⌋, less than the noise's own norm says of
+    r (its relative spread is 1/√n).
+    """
+    return grid_spacing(math.sqrt(size) / epsilon)
 
 
 def neighbourhood_epsilon(size: int, noise_multiplier: float, radius: float) -> float:
@@ -298,10 +314,10 @@ def neighbourhood_epsilon(size: int, noise_multiplier: float, radius: float) -> 
 
 def _distance(ref: list[np.ndarray], upd: list[np.ndarray], group: tuple[int, ...]) -> float:
     """Return ‖updated − reference‖₂ over the layers of ``group``, computed in float64."""
-    squared = 0.0
-    for i in group:
-        squared += sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64))
-    radius = math.sqrt(squared)
+    # fsum, as the release invariant computes it: the grid of the release follows from this
+    # radius, and the invariant must find the very same one.
+    radius = math.sqrt(math.fsum(
+        sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64)) for i in group))
     if not math.isfinite(radius):
         raise ValueError("the update norm ‖updated − reference‖ overflows float64")
     return radius

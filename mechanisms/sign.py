@@ -1,9 +1,10 @@
 """The stochastic-sign mechanism (Jin et al., as used by Wu et al. for non-IID data).
 
-Each coordinate p of the clipped update is released as +1 with probability
-Φ(p/σ) and −1 otherwise. That is exactly the distribution of
-sign(p + N(0, σ²)): the sign of a Gaussian release, i.e. post-processing of it,
-so it costs the same as the Gaussian release with the same σ and is accounted
+Each coordinate p of the clipped update is released as the sign of its Gaussian
+release p + N(0, σ²), rounded exactly onto the release's public grid
+(:mod:`mechanisms.grid`; a grid value of exactly 0 gives a fair coin): +1 with
+probability Φ(p/σ) up to the grid's resolution, −1 otherwise. It is post-processing of
+the Gaussian release, so it costs the same as the Gaussian release with the same σ and is accounted
 the same way (``SignReleaseEvent(noise_multiplier)``).
 
 Unlike the Gaussian release, the sign release is not centred on ``reference``: it
@@ -22,6 +23,7 @@ from numpy.random import Generator
 from mechanisms.base import Layers
 from mechanisms.events import SignReleaseEvent
 from mechanisms.gaussian import _ClippedGaussianBase
+from mechanisms.grid import grid_spacing, round_sum_to_grid
 
 
 class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
@@ -45,19 +47,26 @@ class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
         return SignReleaseEvent(self.noise_multiplier)
 
     def _release(self, ref: Layers, upd: Layers, rng: Generator, spread: float) -> Layers:
-        """Return ±1 arrays shaped like ``updated`` (``spread`` is ignored)."""
-        # scipy.special costs ~0.4 s to import; only this mechanism needs it.
-        from scipy.special import ndtr
+        """Return ±1 arrays shaped like ``updated`` (``spread`` is ignored).
 
+        The sign of the Gaussian release of clip(δ) on its public grid
+        (:mod:`mechanisms.grid`): +1 above zero, −1 below, and a fair coin where the grid
+        value is exactly 0 (so that the law stays symmetric; post-processing either way).
+        """
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)
         sigma = self._noise_sigma(n, spread)
-        uniform = rng.random(n)
+        spacing = grid_spacing(sigma)
+        noise = rng.standard_normal(n)
+        noise *= sigma
+        coin = rng.random(n) < 0.5
         out = []
         offset = 0
         for d, u in zip(clipped, upd, strict=True):
-            draw = uniform[offset:offset + u.size].reshape(u.shape)
+            layer = noise[offset:offset + u.size].reshape(u.shape)
+            ties = coin[offset:offset + u.size].reshape(u.shape)
             offset += u.size
-            plus = draw < ndtr(d / sigma)
-            out.append(np.where(plus, 1.0, -1.0))
+            steps = round_sum_to_grid([layer, d], spacing)
+            out.append(np.where(steps > 0, 1.0, np.where(steps < 0, -1.0,
+                                                         np.where(ties, 1.0, -1.0))))
         return out

@@ -370,21 +370,27 @@ def test_an_overflowing_noise_scale_is_refused_not_released_raw() -> None:
         mechanism.sanitize(reference, updated, rng=np.random.default_rng(2))
 
 
-def test_release_is_float64_noise_added_then_cast_to_each_dtype() -> None:
-    # Prepare: a float32 and a float64 layer; the same seed drawn directly.
+def test_release_is_the_exact_sum_on_the_public_grid_cast_to_float32() -> None:
+    # Prepare: a float32 and a float64 layer; the same seed drawn directly. The grid of
+    # n = 7 at epsilon = 2 is the power of two at most sqrt(7)/2/16 = 0.0827: 2^-4.
     reference: list[np.ndarray] = [np.zeros(3, np.float32), np.zeros((2, 2), np.float64)]
     updated: list[np.ndarray] = [np.array([0.1, 0.2, 0.3], np.float32), np.full((2, 2), 0.25)]
     mechanism = EuclideanLaplace(calibration="fixed", epsilon=2.0, public_radius=1.0)
     noise = sample_euclidean_laplace(7, 2.0, np.random.default_rng(5))
+    spacing = 2.0**-4
 
     # Execute
+    exact = mechanism.sanitize_exact(reference, updated, rng=np.random.default_rng(5))
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(5))
 
-    # Assert
-    assert [a.dtype for a in released] == [np.float32, np.float64]
-    expected0 = (updated[0].astype(np.float64) + noise[:3]).astype(np.float32)
-    np.testing.assert_array_equal(released[0], expected0)
-    np.testing.assert_array_equal(released[1], updated[1] + noise[3:].reshape(2, 2))
+    # Assert: float32 whatever the layers' dtypes; each value the nearest grid point to the
+    # real sum (here no sum lies near a half step, so rint of the float sum is that point).
+    assert [a.dtype for a in released] == [np.float32, np.float32]
+    flat = np.concatenate([updated[0].astype(np.float64), updated[1].ravel()])
+    expected = np.rint((flat + noise) / spacing) * spacing
+    np.testing.assert_array_equal(np.concatenate([a.ravel() for a in exact]), expected)
+    np.testing.assert_array_equal(np.concatenate([a.ravel() for a in released]),
+                                  expected.astype(np.float32))
 
 
 def test_neighbourhood_noise_norm_averages_nu_times_update_norm() -> None:
