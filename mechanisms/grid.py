@@ -27,12 +27,14 @@ The exact rounding. The float sum s = fl(Σ t_i / g) differs from the real sum b
 E = K·2^-51·Σ_i max|t_i/g| (K terms; the recursive-summation bound with room to spare).
 Where s is farther than E from a half-integer, R(real sum) = rint(s); the few coordinates
 within E of a half-integer are recomputed exactly with rational arithmetic
-(:class:`fractions.Fraction`). Sums beyond 2^49 grid steps are refused: they would mean a
-noise scale too small for the values it is added to.
+(:class:`fractions.Fraction`); so is every coordinate of a small release whose sum goes
+beyond 2^49 grid steps. A large release with such a sum is refused: it would mean a noise
+scale far too small for the values it is added to.
 
 The grid is fine: g is at most the noise's per-coordinate standard deviation divided by
-:data:`STEPS_PER_SCALE` (16), so rounding adds a uniform error of variance g²/12 ≤ σ²/3072 to
-each coordinate (a 0.016 % increase of the noise's standard deviation at most).
+:data:`STEPS_PER_SCALE` (16), finer for models of fewer than about 50 parameters, so rounding
+adds a uniform error of variance g²/12 ≤ σ²/3072 to each coordinate (a 0.016 % increase of
+the noise's standard deviation at most).
 
 What remains is the float sampler's law: the noise vector is a float64 draw of the ideal
 continuous law. Its deviation is data-independent and is bounded in docs/PRIVACY.md
@@ -69,36 +71,55 @@ STEPS_PER_SCALE = 16
 #: with the error bound used here (and the noise would be far below the values' scale).
 MAX_GRID_UNITS = 2.0**49
 
+#: The release invariant's refusal probability for an honest release (its lower-tail level).
+_TAIL_PROBABILITY = 1e-9
+
+#: Up to this many coordinates, a sum beyond MAX_GRID_UNITS is still rounded exactly, every
+#: coordinate in rational arithmetic (small models get fine grids, see grid_spacing).
+_EXACT_ONLY_SIZE = 1 << 16
+
 #: Smallest and largest grid spacings: the values divided by g must stay normal floats and
 #: g times an integer below MAX_GRID_UNITS must stay finite in float64.
 _MIN_SPACING_EXPONENT = -960
 _MAX_SPACING_EXPONENT = 960
 
 
-def grid_spacing(scale: float) -> float:
-    """Return the grid of a release whose noise has per-coordinate scale ``scale``.
+def grid_spacing(scale: float, size: int = 1_000_000) -> float:
+    """Return the grid of a release of ``size`` coordinates whose noise has scale ``scale``.
 
-    g = 2^⌊log2(scale / STEPS_PER_SCALE)⌋: the largest power of two at most a sixteenth of
-    the scale. Computed from ``scale`` alone, so the lattice of a release is as public as the
-    noise scale its charge names.
+    g = 2^⌊log2(scale · f(n))⌋ with f(n) = min(1/16, p^{1/n}/(4e)), p = 1e-9: the largest
+    power of two at most a sixteenth of the scale and, for small models, finer still. The
+    release invariant refuses noise whose norm falls below the 1e-9 lower tail of its law, a
+    fraction of at least p^{1/n}/e of its scale (the Chernoff bound of the Gamma law behind
+    both the Euclidean Laplace radius and the Gaussian's energy); rounding onto the grid moves
+    a release by at most g·√n/2, so with this g a release without noise stays far below
+    that tail for every n (rounding does not hide a missing noise from the check).
+
+    Computed from ``scale`` and ``size`` alone, so the lattice of a release is as public as
+    the noise scale its charge names.
 
     Parameters
     ----------
     scale : float
         The noise's per-coordinate standard deviation (or a public lower bound of it), > 0
         and finite.
+    size : int
+        The number of coordinates the noise is drawn over, >= 1.
 
     Raises
     ------
     ValueError
         ``scale`` not positive and finite, or so extreme that the grid leaves float64's
-        exact range (below about 1e-289 or above 1e289).
+        exact range (below about 1e-280 or above 1e289).
     """
-    if not (isinstance(scale, float) and 0.0 < scale < math.inf):
-        scale = float(scale)
-        if not 0.0 < scale < math.inf:
-            raise ValueError(f"the noise scale must be positive and finite, got {scale!r}")
-    _, exponent = math.frexp(scale / STEPS_PER_SCALE)  # scale/16 = m·2^e, m in [0.5, 1)
+    scale = float(scale)
+    if not 0.0 < scale < math.inf:
+        raise ValueError(f"the noise scale must be positive and finite, got {scale!r}")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"the release size must be a positive integer, got {size!r}")
+    fraction = min(1.0 / STEPS_PER_SCALE,
+                   math.exp(math.log(_TAIL_PROBABILITY) / size) / (4.0 * math.e))
+    _, exponent = math.frexp(scale * fraction)  # scale·f = m·2^e with m in [0.5, 1)
     power = exponent - 1
     if not _MIN_SPACING_EXPONENT <= power <= _MAX_SPACING_EXPONENT:
         raise ValueError(f"the noise scale {scale:.3g} is outside the range of a release grid")
@@ -119,13 +140,13 @@ def round_sum_to_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray
     Returns
     -------
     numpy.ndarray
-        float64 integers m with |m| < MAX_GRID_UNITS: the nearest integer to the exact real
-        sum (ties to even).
+        float64 integers m: the nearest integer to the exact real sum (ties to even).
 
     Raises
     ------
     ValueError
-        A term that is not finite, or a sum beyond MAX_GRID_UNITS grid steps.
+        A term that is not finite, or a sum beyond MAX_GRID_UNITS grid steps in a release of
+        more than 65,536 coordinates.
     """
     if not terms:
         raise ValueError("nothing to round")
@@ -136,16 +157,22 @@ def round_sum_to_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray
     scaled = [np.multiply(t, inverse, dtype=np.float64) for t in terms]
     # The bound on the float sum's error needs each term's largest magnitude.
     largest = math.fsum(float(np.max(np.abs(t))) if t.size else 0.0 for t in scaled)
-    if not math.isfinite(largest) or largest >= MAX_GRID_UNITS:
-        raise ValueError("a release sum is not finite or beyond the grid's exact range")
+    if not math.isfinite(largest):
+        raise ValueError("a release sum is not finite in grid steps")
     total = scaled[0]
     for t in scaled[1:]:
         total += t
-    rounded = np.rint(total)
-    # Within `slack` of a half-integer the float sum may round differently from the real one.
-    slack = len(terms) * largest * 2.0**-51 + 2.0**-1000
-    total -= rounded  # the float sum's distance to its nearest integer, in [-0.5, 0.5]
-    close = np.flatnonzero(np.abs(total) >= 0.5 - slack)
+    if largest >= MAX_GRID_UNITS:
+        if total.size > _EXACT_ONLY_SIZE:
+            raise ValueError("a release sum is beyond the grid's exact range")
+        close = np.arange(total.size)  # every coordinate, in rational arithmetic
+        rounded = np.zeros(total.shape)
+    else:
+        rounded = np.rint(total)
+        # Within `slack` of a half-integer the float sum may round otherwise than the real one.
+        slack = len(terms) * largest * 2.0**-51 + 2.0**-1000
+        total -= rounded  # the float sum's distance to its nearest integer, in [-0.5, 0.5]
+        close = np.flatnonzero(np.abs(total) >= 0.5 - slack)
     if close.size:
         flat_terms = [np.ravel(t) for t in terms]
         flat = rounded.reshape(-1)

@@ -164,8 +164,6 @@ def verify_release(
         out = _check_cast(out, exact)
     if isinstance(event, NonPrivateEvent):
         return
-    if exact is None and not isinstance(event, SignReleaseEvent):
-        raise ReleaseRefused("a noisy release without its float64 grid values cannot be checked")
     if isinstance(event, NeighbourhoodEvent):
         least = getattr(mechanism, "least_radius", None) or 0.0
         blocks = _blocks(upd, len(event.dimensions))
@@ -264,13 +262,15 @@ def _check_radial_noise(
         spacing = laplace_grid(n, epsilon)
     except ValueError:
         raise ReleaseRefused("the charged noise scale has no release grid") from None
-    _check_grid(out, layers, spacing)
     realized = math.sqrt(math.fsum(
         sum_of_squares(np.subtract(out[i], upd[i], dtype=np.float64)) for i in layers))
-    if realized < lower_tail_factor(n) * mean_norm:
+    # Rounding onto the grid moves the release by at most spacing·√n/2 (grid_spacing keeps
+    # that far below the tail, so a release without noise is still refused).
+    if realized + spacing * math.sqrt(n) / 2 < lower_tail_factor(n) * mean_norm:
         raise ReleaseRefused(
             f"a block of {n} parameters carries noise of norm {realized:.3g}, below what its "
             "charge pays for")
+    _check_grid(out, layers, spacing)
 
 
 def _check_grid(out: list[np.ndarray], layers: tuple[int, ...], spacing: float) -> None:
@@ -300,15 +300,17 @@ def _check_gaussian(
     if not (sigma > 0.0 and math.isfinite(sigma)):
         raise ReleaseRefused(f"the charged noise scale is not positive and finite: {sigma!r}")
     try:
-        spacing = grid_spacing(sigma)
+        spacing = grid_spacing(sigma, n)
     except ValueError:
         raise ReleaseRefused("the charged noise scale has no release grid") from None
-    _check_grid(out, tuple(range(len(out))), spacing)
-    # ‖ρ‖²/(2σ²) ~ Gamma(n/2, 1): refuse below its 1e-9 lower tail.
-    if energy < lower_tail_factor(n / 2) * n * sigma * sigma:
+    # ‖ρ‖²/(2σ²) ~ Gamma(n/2, 1): refuse below its 1e-9 lower tail, less what rounding onto
+    # the grid can take away (at most spacing·√n/2 of the norm).
+    needed = math.sqrt(lower_tail_factor(n / 2) * n) * sigma
+    if math.sqrt(energy) + spacing * math.sqrt(n) / 2 < needed:
         raise ReleaseRefused(
             f"the release carries noise of norm {math.sqrt(energy):.3g} over {n} coordinates, "
             "below what its charge pays for")
+    _check_grid(out, tuple(range(len(out))), spacing)
 
 
 def _check_sign(

@@ -288,7 +288,7 @@ def laplace_grid(size: int, epsilon: float) -> float:
     block's radius r, so the grid says ⌊log2(ν·r/√n)⌋, less than the noise's own norm says of
     r (its relative spread is 1/√n).
     """
-    return grid_spacing(math.sqrt(size) / epsilon)
+    return grid_spacing(math.sqrt(size) / epsilon, size)
 
 
 def neighbourhood_epsilon(size: int, noise_multiplier: float, radius: float) -> float:

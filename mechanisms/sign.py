@@ -56,7 +56,7 @@ class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
         clipped = self._clipped_delta(ref, upd)
         n = sum(u.size for u in upd)
         sigma = self._noise_sigma(n, spread)
-        spacing = grid_spacing(sigma)
+        spacing = grid_spacing(sigma, n)
         noise = rng.standard_normal(n)
         noise *= sigma
         coin = rng.random(n) < 0.5

@@ -70,7 +70,7 @@ def mechanism(request: pytest.FixtureRequest) -> Mechanism:
 class TestEveryMechanism:
     """What the client relies on, whichever mechanism it runs."""
 
-    def test_release_keeps_shapes_and_dtypes_and_is_finite(self, mechanism: Mechanism) -> None:
+    def test_release_keeps_shapes_is_float32_and_finite(self, mechanism: Mechanism) -> None:
         # Prepare
         reference, updated = make_pair()
 
@@ -82,7 +82,7 @@ class TestEveryMechanism:
         for out, upd in zip(released, updated, strict=True):
             assert isinstance(out, np.ndarray)
             assert out.shape == upd.shape
-            assert out.dtype == upd.dtype
+            assert out.dtype == np.float32  # the device's release dtype, whatever upd's
             assert np.isfinite(out).all()
             assert not np.shares_memory(out, upd)
 

@@ -22,6 +22,7 @@ from mechanisms import (
     hypotheses_diameter,
     l2_sensitivity,
 )
+from mechanisms.grid import grid_spacing
 
 SETTINGS = {"clip": 1.0, "epsilon": 2.0, "delta": 1e-5, "planned_releases": 10}
 
@@ -163,19 +164,23 @@ def test_gaussian_event_and_sigma_follow_the_calibration() -> None:
 
 def test_gaussian_release_is_reference_plus_clipped_update_plus_noise() -> None:
     # Prepare: the update (3, 4) has norm 5 and is clipped to (0.6, 0.8); the noise is
-    # the same seed's standard normals times sigma, in float64, cast at the end.
+    # the same seed's standard normals times sigma, in float64; the sum is rounded onto the
+    # grid of sigma and cast to float32 at the end.
     mechanism = GaussianMechanism(**SETTINGS)  # type: ignore[arg-type]
     reference = [np.array([1.0, -1.0], np.float32)]
     updated = [np.array([4.0, 3.0], np.float32)]
     sigma = mechanism.sigma(2)
     noise = np.random.default_rng(7).standard_normal(2) * sigma
+    spacing = grid_spacing(sigma, 2)
 
     # Execute
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(7))
 
-    # Assert
-    expected = (np.array([1.0, -1.0]) + np.array([0.6, 0.8]) + noise).astype(np.float32)
+    # Assert: within half a grid step of the real sum, on the grid, float32.
+    real = np.array([1.0, -1.0]) + np.array([0.6, 0.8]) + noise
+    expected = (np.rint(real / spacing) * spacing).astype(np.float32)
     np.testing.assert_array_equal(released[0], expected)
+    assert spacing <= sigma / 16
     assert released[0].dtype == np.float32
 
 
@@ -268,7 +273,7 @@ def test_constructor_rejects_bad_values_naming_them(name: str, value: float) -> 
 # -- stochastic sign ---------------------------------------------------------------------------
 
 
-def test_sign_release_is_plus_or_minus_one_in_each_dtype() -> None:
+def test_sign_release_is_plus_or_minus_one_in_float32_whatever_the_dtype() -> None:
     # Prepare
     mechanism = StochasticSign(**SETTINGS)  # type: ignore[arg-type]
     reference: list[np.ndarray] = [np.zeros((3, 3), np.float32), np.zeros(5, np.float64)]
@@ -278,7 +283,7 @@ def test_sign_release_is_plus_or_minus_one_in_each_dtype() -> None:
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(0))
 
     # Assert
-    assert [a.dtype for a in released] == [np.float32, np.float64]
+    assert [a.dtype for a in released] == [np.float32, np.float32]
     assert [a.shape for a in released] == [(3, 3), (5,)]
     for a in released:
         assert set(np.unique(a)) <= {-1.0, 1.0}

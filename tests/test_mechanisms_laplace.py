@@ -22,6 +22,7 @@ from mechanisms import (
     NeighbourhoodEvent,
     sample_euclidean_laplace,
 )
+from mechanisms.laplace import laplace_grid
 
 
 def draws(n: int, epsilon: float, count: int, seed: int) -> np.ndarray:
@@ -371,20 +372,21 @@ def test_an_overflowing_noise_scale_is_refused_not_released_raw() -> None:
 
 
 def test_release_is_the_exact_sum_on_the_public_grid_cast_to_float32() -> None:
-    # Prepare: a float32 and a float64 layer; the same seed drawn directly. The grid of
-    # n = 7 at epsilon = 2 is the power of two at most sqrt(7)/2/16 = 0.0827: 2^-4.
+    # Prepare: a float32 and a float64 layer; the same seed drawn directly.
     reference: list[np.ndarray] = [np.zeros(3, np.float32), np.zeros((2, 2), np.float64)]
     updated: list[np.ndarray] = [np.array([0.1, 0.2, 0.3], np.float32), np.full((2, 2), 0.25)]
     mechanism = EuclideanLaplace(calibration="fixed", epsilon=2.0, public_radius=1.0)
     noise = sample_euclidean_laplace(7, 2.0, np.random.default_rng(5))
-    spacing = 2.0**-4
+    spacing = laplace_grid(7, 2.0)
 
     # Execute
     exact = mechanism.sanitize_exact(reference, updated, rng=np.random.default_rng(5))
     released = mechanism.sanitize(reference, updated, rng=np.random.default_rng(5))
 
-    # Assert: float32 whatever the layers' dtypes; each value the nearest grid point to the
-    # real sum (here no sum lies near a half step, so rint of the float sum is that point).
+    # Assert: a power of two below the noise scale sqrt(7)/2 / 16; float32 whatever the
+    # layers' dtypes; each value the nearest grid point to the real sum (here no sum lies
+    # near a half step, so rint of the float sum is that point).
+    assert math.frexp(spacing)[0] == 0.5 and spacing <= math.sqrt(7) / 2 / 16
     assert [a.dtype for a in released] == [np.float32, np.float32]
     flat = np.concatenate([updated[0].astype(np.float64), updated[1].ravel()])
     expected = np.rint((flat + noise) / spacing) * spacing
@@ -493,12 +495,13 @@ def test_spread_does_not_change_the_release_or_sigma(mechanism: EuclideanLaplace
 
 
 def test_release_that_overflows_the_dtype_is_refused() -> None:
-    # Prepare: float16 tops out at 65504; noise of scale nu * ||delta|| = 5 * 6e4 overflows.
-    reference = [np.zeros(4, np.float16)]
-    updated = [np.full(4, 3e4, np.float16)]
+    # Prepare: the release dtype, float32, tops out at 3.4e38; noise of scale
+    # nu * ||delta|| = 5 * 6e38 overflows it (the float64 release is finite).
+    reference = [np.zeros(4, np.float64)]
+    updated = [np.full(4, 3e38, np.float64)]
 
     # Execute / Assert
-    with pytest.raises(ValueError, match=r"overflows float16"):
+    with pytest.raises(ValueError, match=r"overflows float32"):
         EuclideanLaplace(noise_multiplier=5.0).sanitize(
             reference, updated, rng=np.random.default_rng(0)
         )
