@@ -31,6 +31,7 @@ import numpy as np
 from client.policy import PolicyDecline
 from client.settings import ClientSettings
 from mechanisms import RecordLevelEvent
+from mechanisms.grid import grid_spacing, on_grid
 from mechanisms.invariant import ReleaseRefused, lower_tail_factor
 from mechanisms.record_accounting import record_epsilon
 from mechanisms.record_clipping import NoiseSplit, split_noise
@@ -72,6 +73,8 @@ def plan_record_release(s: ClientSettings, hypotheses: Sequence[Arrays]) -> Reco
             f"record-clip-rate={record.clip_rate!r} the step noise could reach "
             f"{sigma * growth:.3g}; nothing was computed")
     k = len(hypotheses)
+    _check_grids(record, split, sigma, growth, k, sum(a.size for a in hypotheses[0]),
+                 extra_query=record.clipping != "fixed")
     event = RecordLevelEvent(record.sampling_rate, nu, record.steps, record.relation,
                              nu if k >= 2 else 0.0)
     own = record_epsilon([event], s.privacy.ledger_delta)
@@ -82,6 +85,43 @@ def plan_record_release(s: ClientSettings, hypotheses: Sequence[Arrays]) -> Reco
         "record-sensitivity": event.sensitivity_factor * record.clip,
     }
     return RecordPlan(event=event, split=split, strategy=record.clipping, metrics=metrics)
+
+
+#: The least noise multiplier of a DP-SGD query that a float-safe release accepts: a noisy
+#: sum of B clipped terms spans about 16·B/ν grid steps, which must stay far below 2^49 for a
+#: batch of up to 2^29 records.
+MIN_QUERY_NOISE_MULTIPLIER = 2.0**-15
+
+
+def _check_grids(record: Any, split: NoiseSplit, sigma: float, growth: float, k: int,
+                 dims: int, *, extra_query: bool) -> None:
+    """Decline unless every noisy query of the release has a grid that fits (public values).
+
+    The clip moves within a factor ``growth`` of its start either way; each query's noisy
+    sum must be roundable exactly onto the grid of its σ (:mod:`mechanisms.grid`).
+    """
+    queries = [("record-noise-multiplier", split.gradient, sigma / growth, dims),
+               ("record-noise-multiplier", split.gradient, sigma * growth, dims)]
+    if extra_query:
+        queries += [("record-noise-multiplier", split.secondary, split.secondary, 1),
+                    ("record-noise-multiplier", split.secondary, split.secondary, dims)]
+    if k >= 2:
+        queries.append(("record-loss-clip", record.noise_multiplier,
+                        record.noise_multiplier * record.loss_clip * math.sqrt(k), k))
+    for name, multiplier, scale, size in queries:
+        try:
+            if multiplier < MIN_QUERY_NOISE_MULTIPLIER:
+                raise ValueError(f"a query's noise multiplier {multiplier:.3g} is below "
+                                 f"{MIN_QUERY_NOISE_MULTIPLIER:.3g}")
+            grid_spacing(scale, size)
+        except ValueError as err:
+            raise PolicyDecline(f"declined: with {name}={getattr(record, _FIELDS[name])!r} no "
+                                f"floating-point-safe release fits ({err}); nothing was "
+                                "computed") from None
+
+
+#: The record settings named in a decline, by setting name.
+_FIELDS = {"record-noise-multiplier": "noise_multiplier", "record-loss-clip": "loss_clip"}
 
 
 def choose_noisy_min(losses: np.ndarray, loss_clip: float, noise_multiplier: float,
@@ -95,7 +135,11 @@ def choose_noisy_min(losses: np.ndarray, loss_clip: float, noise_multiplier: flo
     k = losses.shape[0]
     clipped = np.clip(np.nan_to_num(losses, nan=loss_clip, posinf=loss_clip), 0.0, loss_clip)
     sums = clipped.sum(axis=1)
-    noisy = sums + rng.standard_normal(k) * noise_multiplier * loss_clip * math.sqrt(k)
+    sigma = noise_multiplier * loss_clip * math.sqrt(k)
+    # The exact noisy sums on the public grid of σ (mechanisms.grid); the argmin is
+    # post-processing of them.
+    noise = np.asarray(rng.standard_normal(k), dtype=np.float64) * sigma
+    noisy = on_grid([sums, noise], grid_spacing(sigma, k))
     return int(np.argmin(noisy))
 
 

@@ -36,6 +36,7 @@ from mechanisms import (
     hypotheses_diameter,
     l2_sensitivity,
 )
+from mechanisms.grid import check_grid_fits
 from mechanisms.invariant import verify_release
 
 __all__ = [
@@ -211,10 +212,12 @@ def plan_release(
         # most 2·max_abs·√n, so ν·r is at most ν·that; the least is ν·least-radius.
         check.noise("noise-multiplier", nu * 2.0 * max_abs * math.sqrt(n), at_most=True)
         check.finite("least-radius", n / (nu * least))
+        check.grid("noise-multiplier", nu * least / math.sqrt(n), n, max_abs)
         metrics: dict[str, float] = {"budget-epsilon": 0.0, "budget-delta": 0.0}
     elif privacy.mechanism == "laplace":
         per_coordinate = math.sqrt(n + 1) / privacy.d_epsilon
         check.noise("d-epsilon", per_coordinate * math.sqrt(n), at_most=True)
+        check.grid("d-epsilon", math.sqrt(n) / privacy.d_epsilon, n, max_abs)
         metrics = {k: float(v) for k, v in mechanism.public_metrics(reference, reference).items()}
     elif privacy.mechanism in ("gaussian", "sign"):
         z = float(getattr(mechanism, "noise_multiplier", 0.0))
@@ -227,6 +230,9 @@ def plan_release(
             # The release is hypothesis + clip(δ) + noise: its values are public up to the clip.
             largest = max(float(np.abs(a).max()) for h in hypotheses for a in h if a.size)
             check.resolvable("clip", sigma, largest + privacy.clip)
+            check.grid("clip", sigma, n, largest + privacy.clip)
+        else:  # the sign of the clipped update alone: each coordinate within the clip
+            check.grid("clip", sigma, n, privacy.clip)
         metrics = {k: float(v) for k, v in
                    mechanism.public_metrics(reference, reference, spread=spread).items()}
     else:
@@ -258,6 +264,12 @@ class _Checker:
             raise self._decline(
                 name, f"the noise scale {scale:.3g} is below float64's resolution at the "
                 f"release's values (up to {magnitude:.3g})")
+
+    def grid(self, name: str, least_scale: float, size: int, magnitude: float) -> None:
+        try:
+            check_grid_fits(least_scale, size, magnitude)
+        except ValueError as err:
+            raise self._decline(name, f"no floating-point-safe release fits: {err}") from None
 
     def noise(self, name: str, value: float, *, at_most: bool = False) -> None:
         self.finite(name, value)

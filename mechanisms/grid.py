@@ -53,6 +53,7 @@ __all__ = [
     "MAX_GRID_UNITS",
     "RELEASE_DTYPE",
     "STEPS_PER_SCALE",
+    "check_grid_fits",
     "grid_spacing",
     "on_grid",
     "on_grid_exactly",
@@ -124,6 +125,31 @@ def grid_spacing(scale: float, size: int = 1_000_000) -> float:
     if not _MIN_SPACING_EXPONENT <= power <= _MAX_SPACING_EXPONENT:
         raise ValueError(f"the noise scale {scale:.3g} is outside the range of a release grid")
     return math.ldexp(1.0, power)
+
+
+def check_grid_fits(least_scale: float, size: int, magnitude: float) -> None:
+    """Check, from public values, that every release of this kind can be rounded exactly.
+
+    A release of ``size`` coordinates whose noise scale is at least ``least_scale`` and whose
+    noiseless values are at most ``magnitude`` in absolute value has a grid
+    (:func:`grid_spacing`), and its sums stay within :data:`MAX_GRID_UNITS` grid steps with
+    2^24 steps to spare for the noise (a coordinate of 2^24 steps is 2^20 noise scales: a
+    Gaussian coordinate never gets there, a Euclidean Laplace one only if the whole noise
+    norm of a model of 2^40 parameters fell on it), or the release is small enough to be
+    rounded in rational arithmetic. The device asks this before it charges, so that no
+    release it pays for can fail on the grid.
+
+    Raises
+    ------
+    ValueError
+        If some release of this kind could not be rounded exactly (the message holds only
+        the public values).
+    """
+    spacing = grid_spacing(least_scale, size)
+    if size > _EXACT_ONLY_SIZE and magnitude / spacing + 2.0**24 >= MAX_GRID_UNITS:
+        raise ValueError(
+            f"values up to {magnitude:.3g} with noise of scale {least_scale:.3g} span more "
+            "grid steps than a release can be rounded exactly over")
 
 
 def round_sum_to_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray:

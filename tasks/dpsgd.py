@@ -12,7 +12,8 @@ One step t of :func:`train_record_level` (``m`` is the public expected batch siz
 1. the batch B_t: each record independently with probability q (the sampler's generator is
    seeded from the device's noise generator: the batch is as secret as the noise);
 2. per-record gradients g_i of the per-record loss; ḡ_i = g_i·min(1, C_t/‖g_i‖);
-3. g̃_t = (Σ ḡ_i + N(0, (ν_g·C_t)² I)) / m, and θ ← θ − ρ_t·g̃_t;
+3. g̃_t = (Σ ḡ_i + N(0, (ν_g·C_t)² I)) / m, the noisy sum rounded exactly onto the public grid
+   of its σ (:mod:`mechanisms.grid`), and θ ← θ − ρ_t·g̃_t;
 4. the strategy's extra query, on the same batch and from the same generator, then C_{t+1} and
    ρ_{t+1} from the sanitized values alone.
 
@@ -33,6 +34,7 @@ from opacus import GradSampleModule
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from torch.nn import functional as F
 
+from mechanisms.grid import grid_spacing, on_grid
 from mechanisms.record_clipping import ClipSchedule, NoiseSplit
 from tasks.base import Dataset, Params
 from tasks.device import resolve_device
@@ -129,16 +131,22 @@ def train_record_level(
         noise = rng.standard_normal(dims) * sigma
         trace.noise_energy.append(float(np.dot(noise, noise)))
         trace.noise_sigma.append(sigma)
-        g_tilde = (clipped_sum + noise) / m
+        # Every noisy query is the exact sum rounded onto the public grid of its σ
+        # (mechanisms.grid): what follows is post-processing of values on a fixed lattice.
+        g_tilde = on_grid([clipped_sum, noise], grid_spacing(sigma, dims)) / m
         _apply_step(module, g_tilde, schedule.learning_rate)
         if training.strategy == "quantile":
             bits = (norms <= clip).astype(np.float64) - 0.5
-            noisy = (bits.sum() + rng.normal(0.0, training.split.secondary)) / m + 0.5
-            schedule.step_quantile(noisy)
+            secondary = training.split.secondary
+            count = on_grid([np.array([bits.sum()]), np.array([rng.normal(0.0, secondary)])],
+                            grid_spacing(secondary, 1))
+            schedule.step_quantile(float(count[0]) / m + 0.5)
         elif training.strategy == "oso":
             mask = norms > clip
             units = (grads[mask] / norms[mask, None]).sum(axis=0) if mask.any() else np.zeros(dims)
-            q_tilde = (units + rng.standard_normal(dims) * training.split.secondary) / m
+            secondary = training.split.secondary
+            q_noise = rng.standard_normal(dims) * secondary
+            q_tilde = on_grid([units, q_noise], grid_spacing(secondary, dims)) / m
             schedule.step_oso(g_tilde, q_tilde)
         else:
             schedule.step_fixed()

@@ -15,10 +15,12 @@ one of these holds:
 * **released**: charged exactly once, before the release, with the event the test computes
   from the applied settings alone (its cost finite and positive: a z > 0 for Gaussian and sign,
   whose ε at the device's δ may round to 0 when z is huge); the arrays sent have the model's
-  shapes and dtypes and are exactly the cast of one finite float64 release, which equals
-  neither a hypothesis sent nor the model the device trained and (Laplace, Gaussian) carries
-  noise no smaller than its charged scale allows. The cast to float32 may round noise below
-  float32's resolution away (at values near a device's max-parameter): post-processing.
+  shapes, are float32 whatever dtype the server sent, and are exactly the cast of one finite
+  float64 release, which equals neither a hypothesis sent nor the model the device trained,
+  lies on the public grid of its charged noise scale (every value a multiple of it) and
+  (Laplace, Gaussian) carries noise no smaller than its charged scale allows, less the half
+  grid step that rounding may take away. The cast to float32 may round noise below float32's
+  resolution away (at values near a device's max-parameter): post-processing.
 
 and never an error after the charge: every number derived from what the server sent must be
 checked before private data is touched, so a charged failure (a signal that could depend on the
@@ -57,7 +59,9 @@ from mechanisms import (
     gaussian_epsilon,
     l2_sensitivity,
 )
+from mechanisms.grid import grid_spacing, on_grid_exactly
 from mechanisms.invariant import lower_tail_factor
+from mechanisms.laplace import laplace_grid
 from settings import SETTINGS, SettingError, federation_defaults
 from tasks.base import Dataset, Params, Schedule
 from tasks.synthetic import SyntheticTask, rmse, rmse_gradient
@@ -310,11 +314,11 @@ def test_every_server_value_ends_in_a_decline_a_refusal_or_a_charged_noisy_relea
             assert spend.epsilon <= min(run["cap-epsilon"] or math.inf, DEVICE["cap-epsilon"])
         assert metrics["releases"] == 1
 
-        # The release: the model's shapes and dtypes, finite.
+        # The release: the model's shapes, float32 whatever the server sent, finite.
         count = len(layers)
         hypotheses = [parameters[j * count:(j + 1) * count] for j in range(claimed)]
         assert [a.shape for a in released] == [a.shape for a in hypotheses[0]]
-        assert [a.dtype for a in released] == [a.dtype for a in hypotheses[0]]
+        assert [a.dtype for a in released] == [np.float32] * count
         assert all(np.isfinite(a).all() for a in released)
         # ... exactly the cast of one float64 release (the cast is post-processing), made once.
         assert len(made) == 1
@@ -357,9 +361,17 @@ def test_every_server_value_ends_in_a_decline_a_refusal_or_a_charged_noisy_relea
             if isinstance(expected, NeighbourhoodEvent):
                 radius = float(np.linalg.norm(trained[index] - reference[index]))
                 mean = expected.noise_multiplier * max(radius, LEAST_RADIUS)
-                assert noise >= lower_tail_factor(size) * mean
+                spacing = grid_spacing(mean / math.sqrt(size), size)
+                assert noise + spacing * math.sqrt(size) / 2 >= lower_tail_factor(size) * mean
+                # On the grid of the block's scale (or a finer one: the scale is recomputed
+                # here in another order of operations, so allow one binade).
+                assert on_grid_exactly(out[index], spacing / 2)
             elif isinstance(expected, MetricPrivacyEvent):
-                assert noise >= lower_tail_factor(size) * size / expected.layers[0][0]
+                epsilon = expected.layers[0][0]
+                spacing = laplace_grid(size, epsilon)
+                assert noise + spacing * math.sqrt(size) / 2 >= (
+                    lower_tail_factor(size) * size / epsilon)
+                assert on_grid_exactly(out[index], spacing)
             else:
                 # Gaussian: around hypothesis + clip(δ); ‖noise‖²/(2σ²) is Gamma(n/2, 1).
                 spread = max(float(np.linalg.norm(flat64(a) - flat64(b)))
@@ -374,4 +386,7 @@ def test_every_server_value_ends_in_a_decline_a_refusal_or_a_charged_noisy_relea
                 else:
                     clipped = np.clip(delta, -run["clip"], run["clip"])
                 noise = float(np.linalg.norm(out - reference - clipped))
-                assert noise * noise >= lower_tail_factor(size / 2) * size * sigma * sigma
+                spacing = grid_spacing(sigma, size)
+                assert noise + spacing * math.sqrt(size) / 2 >= math.sqrt(
+                    lower_tail_factor(size / 2) * size) * sigma
+                assert on_grid_exactly(out, spacing)
