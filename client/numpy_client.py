@@ -61,7 +61,7 @@ from mechanisms import (
     device_rng,
     seeded_rng,
 )
-from tasks import Task, TaskDataError, preflight_task
+from tasks import Task, TaskDataError, declared_shapes, preflight_task
 
 __all__ = [
     "RELEASE_FAILED",
@@ -211,7 +211,9 @@ class GpflClient(NumPyClient):
         try:
             s = ClientSettings.resolve(self.run_config, self.policy)
             hypotheses = check_instruction(parameters, config, max_abs=s.max_parameter,
-                                           max_hypotheses=s.max_hypotheses)
+                                           max_hypotheses=s.max_hypotheses,
+                                           max_values=s.max_instruction_values,
+                                           shapes=self._public_shapes())
             plan: ReleasePlan | RecordPlan
             if s.privacy.mechanism == "dpsgd":
                 plan = plan_record_release(s, hypotheses)
@@ -268,6 +270,23 @@ class GpflClient(NumPyClient):
             logger.exception("%s: round %d failed (charged)", s.name, server_round)
             raise ReleaseFailedError() from None
         return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
+
+    def _public_shapes(self) -> list[tuple[int, ...]] | None:
+        """Return the task's layer shapes where they follow from public values, else None.
+
+        A task given as an object, or one that reads no device file (its data is generated
+        from the run config), is built and asked. A task that reads the device's file is not
+        built (building it may read the records): its class's ``declared_shapes`` answers
+        from the run config and the file's metadata. Any failure here is left for the
+        charged path to meet again, as before (None: the shapes are checked once built).
+        """
+        try:
+            if self._task is not None or not self.policy["data-path"]:
+                return list(self.task.parameter_shapes)
+            return declared_shapes(self.policy.task_config(self.run_config))
+        except Exception:
+            logger.debug("the task's shapes are not known before the charge", exc_info=True)
+            return None
 
     def _preflight(self, s: ClientSettings) -> str | None:
         """Run the task's preflight; return what it found wrong with the device's data, or None.

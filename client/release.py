@@ -17,7 +17,7 @@ trained model beyond the device's ``max-parameter`` is never released, see
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,13 +96,33 @@ def build_mechanism(privacy: PrivacySettings) -> Mechanism[Any]:
 
 
 def check_instruction(
-    parameters: Arrays, config: Mapping[str, Any], *, max_abs: float, max_hypotheses: int
+    parameters: Arrays, config: Mapping[str, Any], *, max_abs: float, max_hypotheses: int,
+    max_values: int | None = None, shapes: Sequence[tuple[int, ...]] | None = None,
 ) -> list[Arrays]:
     """Check the instruction's structure and values; split it into k hypotheses.
 
-    The task is not consulted (building it may read the device's data): the k hypotheses must
-    have the same layer shapes and dtypes as one another; their shapes are checked against the
-    task's once the round is charged.
+    In an order that reads no value before the structure is known to be right: k, the
+    arrays' count, types, dtypes and shapes, their total size (``max_values``) and, when the
+    device knows them from public values, the task's layer shapes (``shapes``) come from the
+    arrays' metadata alone; only then is every value read (finite, within ``max_abs``). So an
+    instruction of the wrong shape or of absurd size costs the device neither a pass over
+    its values nor its memory, and nothing is charged for it.
+
+    Parameters
+    ----------
+    parameters : list of numpy.ndarray
+        The k hypotheses, one after another.
+    config : Mapping
+        The instruction's config (``num-hypotheses``).
+    max_abs : float
+        The device's ``max-parameter``.
+    max_hypotheses : int
+        The device's ``max-hypotheses``.
+    max_values : int, optional
+        The device's ``max-instruction-values``: the most values (k × parameters) it accepts.
+    shapes : sequence of tuple, optional
+        The task's layer shapes, where the device knows them before it charges
+        (:func:`public_shapes`); otherwise they are checked once the task is built.
 
     Raises
     ------
@@ -110,7 +130,8 @@ def check_instruction(
         k beyond the device's ``max-hypotheses``.
     InstructionError
         A count that does not split into ``num-hypotheses`` hypotheses of the same shapes, a
-        non-float or non-finite value, or one beyond ``max_abs`` (public values only).
+        non-float array, more values than ``max_values``, layer shapes other than the
+        task's, a non-finite value, or one beyond ``max_abs`` (public values only).
     """
     k = config.get("num-hypotheses", 1)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -126,9 +147,9 @@ def check_instruction(
         )
     layers = len(parameters) // k
     first = parameters[:layers]
-    hypotheses = []
-    for j in range(k):
-        arrays = parameters[j * layers:(j + 1) * layers]
+    hypotheses = [list(parameters[j * layers:(j + 1) * layers]) for j in range(k)]
+    # Metadata only: nothing below reads a value.
+    for j, arrays in enumerate(hypotheses):
         for i, (array, like) in enumerate(zip(arrays, first, strict=True)):
             if not isinstance(array, np.ndarray) or not isinstance(like, np.ndarray):
                 raise InstructionError(f"hypothesis {j}, layer {i}: not an array")
@@ -140,27 +161,42 @@ def check_instruction(
             if array.dtype not in (np.float32, np.float64):
                 raise InstructionError(f"hypothesis {j}, layer {i}: expected floating-point "
                                        f"values (float32 or float64), got {array.dtype}")
+    size = sum(a.size for a in first)
+    if size == 0:
+        raise InstructionError("the hypotheses have no parameters")
+    if max_values is not None and size * k > max_values:
+        raise InstructionError(
+            f"the instruction holds {size * k} values ({k} hypotheses of {size}), more than "
+            f"this device's max-instruction-values={max_values}")
+    if shapes is not None:
+        check_shapes(hypotheses, shapes)
+    # Now the values.
+    for j, arrays in enumerate(hypotheses):
+        for i, array in enumerate(arrays):
             if not np.isfinite(array).all():
                 raise InstructionError(f"hypothesis {j}, layer {i}: non-finite values")
-            largest = float(np.abs(array).max()) if array.size else 0.0
+            # Two passes without a temporary: abs() would copy an array the server sized.
+            largest = max(float(array.max()), -float(array.min())) if array.size else 0.0
             if largest > max_abs:
                 raise InstructionError(
                     f"hypothesis {j}, layer {i}: a value of magnitude {largest:.3g} is beyond "
                     f"this device's max-parameter={max_abs:g}"
                 )
-        hypotheses.append(list(arrays))
-    if sum(a.size for a in first) == 0:
-        raise InstructionError("the hypotheses have no parameters")
     return hypotheses
 
 
-def check_shapes(hypotheses: list[Arrays], task: Any) -> None:
-    """Refuse hypotheses whose layer shapes are not the task's (:class:`InstructionError`)."""
+def check_shapes(hypotheses: list[Arrays], expected: Any) -> None:
+    """Refuse hypotheses whose layer shapes are not ``expected`` (:class:`InstructionError`).
+
+    ``expected`` is a sequence of shapes, or a task (its ``parameter_shapes``).
+    """
+    if not isinstance(expected, Sequence):
+        expected = expected.parameter_shapes
     shapes = [tuple(a.shape) for a in hypotheses[0]]
-    expected = [tuple(shape) for shape in task.parameter_shapes]
-    if shapes != expected:
+    wanted = [tuple(shape) for shape in expected]
+    if shapes != wanted:
         raise InstructionError(
-            f"the hypotheses' layer shapes {shapes} are not the task's {expected}")
+            f"the hypotheses' layer shapes {shapes} are not the task's {wanted}")
 
 
 @dataclass(frozen=True)

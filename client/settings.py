@@ -115,6 +115,7 @@ class ClientSettings:
     device: str
     max_parameter: float
     max_hypotheses: int
+    max_instruction_values: int
     partition_id: int
     num_partitions: int
     name: str
@@ -206,6 +207,7 @@ class ClientSettings:
             device=str(policy["device"]),
             max_parameter=float(policy["max-parameter"]),
             max_hypotheses=int(policy["max-hypotheses"]),
+            max_instruction_values=int(policy["max-instruction-values"]),
             partition_id=policy.partition_id,
             num_partitions=policy.num_partitions,
             name=policy.client_name,

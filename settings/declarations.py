@@ -386,6 +386,14 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "the most hypotheses (k) this device accepts in one instruction; a run asking for "
             "more is declined before anything is computed", owner="device", group="device",
             minimum=1, maximum=MAX_HYPOTHESES),
+    # An instruction is k hypotheses of the task's size; every check of its values is a pass
+    # over all of them, in memory the server chose to fill. 5·10^7 values is 8 hypotheses of a
+    # 6-million-parameter model (200 MB in float32); the digits CNN needs 83,562 a hypothesis.
+    Setting("max-instruction-values", int, 50_000_000,
+            "the most values (k hypotheses × parameters) this device accepts in one "
+            "instruction; a larger one is refused from its shapes alone, before any value is "
+            "read, computed or charged", owner="device", group="device",
+            minimum=1, maximum=10**12),
 )
 
 #: Every setting by name.

@@ -48,6 +48,7 @@ __all__ = [
     "TaskDataError",
     "TaskNotInstalledError",
     "TaskSettingsError",
+    "declared_shapes",
     "installed_tasks",
     "load_task",
     "preflight_task",
@@ -213,3 +214,13 @@ def preflight_task(config: Mapping[str, Any], partition_id: int, num_partitions:
     check = getattr(task_class(name), "preflight", None)
     if check is not None:
         check(config, partition_id, num_partitions)
+
+
+def declared_shapes(config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+    """Return the layer shapes of the task named by ``task`` without building it, if declared.
+
+    What `Task.declared_shapes` of the task's class answers from the run config and the
+    device's file metadata (never its records); ``None`` when the class does not say.
+    """
+    name = settings.read(config, "task")
+    return task_class(name).declared_shapes(config)

@@ -128,6 +128,19 @@ class Task(ABC):
             **{key.replace("-", "_"): settings.read(config, key) for key in cls.run_config_keys}
         )
 
+    @classmethod
+    def declared_shapes(cls, config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+        """Return the model's layer shapes from the run config alone, or None if unknown.
+
+        A device whose task reads its own file (``data-path``) charges a round before it
+        builds the task (building may read the records), so it can refuse an instruction of
+        the wrong shape before the charge only if the task class says its shapes here, from
+        the run config and at most the file's metadata, never its records. ``None`` (the
+        default) leaves the check to the charged path. Tasks that read a device file should
+        override it; gpfl's own do.
+        """
+        return None
+
     def _set_user_settings(
         self, users: int, validation_users: int, data_seed: int, *, min_validation_users: int = 1
     ) -> None:

@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -172,6 +173,11 @@ class FemnistTask(TorchTask):
                 f"validation-users must be < the {len(self._data.users)} users in "
                 f"data-path={self.data_path!r}, got validation-users={self.validation_users}"
             )
+
+    @classmethod
+    def declared_shapes(cls, config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+        """Return `femnist_cnn`'s shapes: the default kernel, which no run config changes."""
+        return [tuple(t.shape) for t in femnist_cnn().state_dict().values()]
 
     def model(self) -> nn.Module:
         """Build a fresh `femnist_cnn`."""

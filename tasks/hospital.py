@@ -41,6 +41,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -287,6 +288,11 @@ class HospitalTask(TorchTask):
         held_out = tuple(self._data.providers[i] for i in order[num_train:])
         # A cap, not a count: the 30 % split fixes how many providers are held out.
         self._validation = held_out[: self.validation_users] if self.validation_users else held_out
+
+    @classmethod
+    def declared_shapes(cls, config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+        """Return `hospital_mlp`'s shapes: fixed, whatever the file (`Task.declared_shapes`)."""
+        return [tuple(t.shape) for t in hospital_mlp().state_dict().values()]
 
     def model(self) -> nn.Module:
         """Build a fresh `hospital_mlp`."""

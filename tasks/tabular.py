@@ -186,6 +186,14 @@ class TabularTask(TorchTask):
                        user=user)
 
     @classmethod
+    def declared_shapes(cls, config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:
+        """Return the model's shapes, from the run config (`Task.declared_shapes`).
+
+        They follow from its columns, classes and model; building the task reads no file.
+        """
+        return list(cls.from_run_config(config).parameter_shapes)
+
+    @classmethod
     def preflight(cls, config: Mapping[str, Any], partition_id: int, num_partitions: int) -> None:
         """Check the device's file before the round is charged, reading none of its records.
 
