@@ -39,6 +39,7 @@ from mechanisms.ledger import (
     LedgerEntry,
     LedgerMissingError,
     LedgerRollbackError,
+    LedgerUnavailableError,
     PrivacyLedger,
     Spend,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerMissingError",
     "LedgerRollbackError",
+    "LedgerUnavailableError",
     "Mechanism",
     "MetricPrivacyEvent",
     "NeighbourhoodEvent",

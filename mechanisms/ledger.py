@@ -31,7 +31,12 @@ from mechanisms.accountant import (
     compose,
 )
 from mechanisms.events import PrivacyEvent
-from mechanisms.ledger_errors import LedgerCorruptError, LedgerMissingError, LedgerRollbackError
+from mechanisms.ledger_errors import (
+    LedgerCorruptError,
+    LedgerMissingError,
+    LedgerRollbackError,
+    LedgerUnavailableError,
+)
 from mechanisms.ledger_store import EMPTY, LedgerState, LedgerStore
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "LedgerEntry",
     "LedgerMissingError",
     "LedgerRollbackError",
+    "LedgerUnavailableError",
     "PrivacyLedger",
     "Spend",
 ]

@@ -86,3 +86,28 @@ class LedgerRollbackError(LedgerCorruptError):
         self.found = found
         self.recorded = recorded
         self.lock_path = lock_path
+
+
+#: The whole text of :class:`LedgerUnavailableError`: fixed, so that nothing of the device's
+#: file system (its ledger's path, the operating system's message) can travel in it.
+LEDGER_UNAVAILABLE = (
+    "the privacy ledger could not be read or written; nothing was charged or released (the "
+    "details are in the device's log)"
+)
+
+
+class LedgerUnavailableError(LedgerCorruptError):
+    """The ledger's files could not be read or written (a full or read-only disk, say).
+
+    Its text is always :data:`LEDGER_UNAVAILABLE`: no path and no operating-system message,
+    which the store logs on the device instead. The ledger on disk is left as it was (a
+    write is atomic), so nothing was charged.
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The ledger file (for the device's own use; not in the text).
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "unavailable", message=LEDGER_UNAVAILABLE)

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -64,7 +65,14 @@ from mechanisms._validation import check_open_unit
 from mechanisms.accountant import LedgerEntry
 from mechanisms.atomic_file import write_atomic
 from mechanisms.events import event_from_dict
-from mechanisms.ledger_errors import LedgerCorruptError, LedgerMissingError, LedgerRollbackError
+from mechanisms.ledger_errors import (
+    LedgerCorruptError,
+    LedgerMissingError,
+    LedgerRollbackError,
+    LedgerUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "gpfl-privacy-ledger"
 # Version 1 files without "generation", "neighbourhood" events or events' "relation" are still
@@ -133,15 +141,16 @@ class LedgerStore:
         """
         import fcntl  # POSIX only; imported here so that `import mechanisms` works anywhere
 
-        try:
-            fd = os.open(self.lock_path, os.O_RDONLY)
-        except FileNotFoundError:
-            return self._checked(0)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            return self._checked(_read_generation(fd, self.path, self.lock_path))
-        finally:
-            os.close(fd)
+        with self._unavailable_on_os_error("read"):
+            try:
+                fd = os.open(self.lock_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return self._checked(0)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH)
+                return self._checked(_read_generation(fd, self.path, self.lock_path))
+            finally:
+                os.close(fd)
 
     def update(self, change: Callable[[LedgerState], LedgerState]) -> LedgerState:
         """Apply ``change`` to the ledger as it is on disk now, and write the result.
@@ -152,7 +161,7 @@ class LedgerStore:
         returns is ignored: only the store numbers writes) and write it durably.
         Returns the state written.
         """
-        with self._locked() as lock_fd:
+        with self._unavailable_on_os_error("write"), self._locked() as lock_fd:
             recorded = _read_generation(lock_fd, self.path, self.lock_path)
             current = self._checked(recorded) or EMPTY
             new = dataclasses.replace(change(current), generation=current.generation + 1)
@@ -181,6 +190,20 @@ class LedgerStore:
             os.close(fd)
 
     # -- internals ----------------------------------------------------------------------------
+
+    @contextmanager
+    def _unavailable_on_os_error(self, action: str) -> Iterator[None]:
+        """Turn an OSError into :class:`LedgerUnavailableError`; the detail goes to the log.
+
+        The error's text is fixed: it may travel further than the device (a reply, a log a
+        server collects), and the path and the operating system's message must not.
+        """
+        try:
+            yield
+        except OSError as err:
+            logger.error("privacy ledger %s could not be %s: %s", self.path,
+                         "read" if action == "read" else "written", err)
+            raise LedgerUnavailableError(self.path) from None
 
     @contextmanager
     def _locked(self) -> Iterator[int]:
