@@ -331,6 +331,31 @@ def test_a_vanishing_learning_rate_still_releases_noisy_models(federation: Feder
         assert np.min(np.abs(sent - np.asarray(release)).max(axis=1)) > 1e-4
 
 
+def test_float64_hypotheses_get_float32_releases_from_every_device(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: a server that sends its hypotheses as float64 (it chose the release's precision:
+    # a float64 release's last bits leak, see docs/PRIVACY.md). Its own screening still
+    # expects float32 replies and drops any other dtype.
+    app = copy_app(tmp_path / "app")
+    strategy = app / "strategies" / "clustered.py"
+    text = strategy.read_text()
+    sent = "ndarrays_to_parameters([a for hypothesis in layers for a in hypothesis])"
+    assert sent in text
+    strategy.write_text(text.replace(sent, "ndarrays_to_parameters([a.astype('float64') for "
+                                           "hypothesis in layers for a in hypothesis])"))
+    before = spent(federation)
+
+    # Execute
+    summary, _ = run_app(federation, app, "float64-hypotheses", **{"num-rounds": 1})
+
+    # Assert: both devices released, in float32 (none dropped for its dtype), charged once.
+    entry = summary["history"][1]
+    assert entry["replies"] == 2 and entry["dropped"] == [] and entry["failures"] == 0
+    after = spent(federation)
+    assert all(after[name][0] == before[name][0] + 1 for name in NAMES)
+
+
 def test_a_malformed_data_file_never_reaches_the_server(
     federation: Federation, tmp_path: Path
 ) -> None:
