@@ -232,11 +232,15 @@ def check_cap(
         after = record_epsilon([*records, event], delta)
         unit = f"record-level RDP ε at δ={delta:g}"
     else:
-        # The ε charged: the smaller of the RDP and PLD bounds, before and after.
+        # The ε charged: the smaller of the RDP and PLD bounds. The spend before the release
+        # is composed only for a refusal (a PLD composition costs tens of milliseconds).
         groups = _gaussian_groups(entries)
+        with_release = groups.copy()
+        with_release[_noise_multiplier(event)] += 1
+        after = min(composed_gaussian_epsilons(with_release, delta))
+        if after <= cap * (1.0 + _CAP_RTOL):
+            return
         before = min(composed_gaussian_epsilons(groups, delta))
-        groups[_noise_multiplier(event)] += 1
-        after = min(composed_gaussian_epsilons(groups, delta))
         unit = f"ε (the smaller of RDP's and PLD's) at δ={delta:g}"
     if after > cap * (1.0 + _CAP_RTOL):
         raise BudgetExceededError(
