@@ -128,6 +128,8 @@ def spend_metrics(spend: Spend) -> dict[str, float | int]:
     return {
         "spend-d": float(spend.d_privacy),
         "spend-epsilon": float(spend.epsilon),
+        "spend-epsilon-rdp": float(spend.epsilon_rdp),
+        "spend-epsilon-pld": float(spend.epsilon_pld),
         "spend-record-epsilon": float(spend.record_epsilon),
         "spend-delta": float(spend.delta),
         "releases": int(spend.releases),

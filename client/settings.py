@@ -44,7 +44,8 @@ class PrivacySettings:
     clip, clip_mode, planned_releases
         Gaussian/sign clipping and calibration.
     cap_d_privacy, cap_epsilon : float
-        The caps, each in its family's unit (Σ ε·r; RDP ε at ``ledger_delta``).
+        The caps, each in its family's unit (Σ ε·r; the ε charged, min of RDP's and
+        PLD's, at ``ledger_delta``).
     cap_record_epsilon : float
         The cap of the record-level family (dpsgd): RDP ε at ``ledger_delta``, its own unit.
     record : RecordSettings or None

@@ -233,7 +233,10 @@ def releases(mechanism: Mechanism, reference: Layers, updated: Layers, *, spread
 
 
 def charged(mechanism: Mechanism, reference: Layers, updated: Layers, *, delta: float) -> float:
-    """Return what a real ledger charges for one release: Σ ε·r (d-privacy) or RDP ε at δ."""
+    """Return what a real ledger charges for one release: Σ ε·r (d-privacy), or ε at δ.
+
+    For Gaussian and sign releases, the smaller of RDP's and PLD's ε.
+    """
     event = mechanism.event(reference, updated)
     with tempfile.TemporaryDirectory() as folder:
         ledger = PrivacyLedger(Path(folder) / "ledger.json", delta=delta if delta > 0 else 1e-5)

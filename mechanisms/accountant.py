@@ -12,9 +12,12 @@ compared only with a cap in its own unit:
 * ``"d-privacy"`` (``neighbourhood`` and ``metric`` events, Euclidean Laplace):
   costs add, Σ ε·r (Theorem 3.1 of Galli et al.), reported as ``Spend.d_privacy``;
 * ``"rdp"`` (``gaussian`` and ``sign`` events; a sign release is post-processing of
-  a Gaussian one): composed by dp-accounting's ``RdpAccountant`` (events grouped by
-  noise multiplier as ``SelfComposedDpEvent``) into ``Spend.epsilon`` at the
-  ledger's δ;
+  a Gaussian one): composed by dp-accounting's ``RdpAccountant`` and by its
+  ``PLDAccountant`` (events grouped by noise multiplier as ``SelfComposedDpEvent``) into
+  ``Spend.epsilon_rdp`` and ``Spend.epsilon_pld`` at the ledger's δ; both are upper
+  bounds, so the smaller, ``Spend.epsilon``, is what is charged and capped
+  (:mod:`mechanisms.calibration`). The family keeps its name ``"rdp"`` (it is in every
+  ledger file);
 * ``"record"`` (``dpsgd`` events, record-level DP-SGD on the device): composed by the same
   accountant (:mod:`mechanisms.record_accounting`) into ``Spend.record_epsilon`` at the
   ledger's δ, never mixed with the device-level figures;
@@ -31,7 +34,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mechanisms._validation import check_open_unit, check_real
-from mechanisms.calibration import composed_gaussian_epsilon
+from mechanisms.calibration import composed_gaussian_epsilons
 from mechanisms.events import (
     EVENT_TYPES,
     GaussianReleaseEvent,
@@ -57,7 +60,8 @@ class BudgetExceededError(Exception):
     Attributes
     ----------
     spent : float
-        The current spend in the cap's unit (d-privacy Σ ε·r, or RDP ε).
+        The current spend in the cap's unit (d-privacy Σ ε·r, the Gaussian/sign ε charged,
+        or the record-level RDP ε).
     would_spend : float
         The spend after the release (``inf`` for a release without noise).
     cost : float
@@ -83,7 +87,8 @@ class Spend:
     d_privacy : float
         Σ ε·r over its d-privacy (Euclidean Laplace) releases.
     epsilon, delta : float
-        The RDP-composed (ε, δ) of its Gaussian and sign releases (0, 0 if none).
+        The (ε, δ) charged for its Gaussian and sign releases (0, 0 if none): ε is
+        ``min(epsilon_rdp, epsilon_pld)``.
     releases : int
         Releases charged, of every kind.
     declines : int
@@ -91,6 +96,9 @@ class Spend:
     record_epsilon : float
         The RDP-composed record-level ε, at the ledger's δ, of its DP-SGD releases (0 if none);
         each release's relation (add/remove or replace-one) is in its ledger entry.
+    epsilon_rdp, epsilon_pld : float
+        The ε at δ of its Gaussian and sign releases by dp-accounting's RDP accountant and by
+        its PLD accountant (pessimistic); each an upper bound, ``epsilon`` the smaller (0 if none).
     """
 
     d_privacy: float
@@ -99,6 +107,8 @@ class Spend:
     releases: int
     declines: int
     record_epsilon: float = 0.0
+    epsilon_rdp: float = 0.0
+    epsilon_pld: float = 0.0
 
     def to_dict(self) -> dict[str, float | int]:
         """Return the fields as a dict (snake_case keys)."""
@@ -174,13 +184,16 @@ def compose(entries: Sequence[LedgerEntry], *, declines: int, delta: float) -> S
     delta = check_open_unit("delta", delta)
     groups = _gaussian_groups(entries)
     records = _record_events(entries)
+    epsilon_rdp, epsilon_pld = composed_gaussian_epsilons(groups, delta)
     return Spend(
         d_privacy=_d_privacy(entries),
-        epsilon=composed_gaussian_epsilon(groups, delta),
+        epsilon=min(epsilon_rdp, epsilon_pld),
         delta=delta if groups or records else 0.0,
         releases=len(entries),
         declines=declines,
         record_epsilon=record_epsilon(records, delta),
+        epsilon_rdp=epsilon_rdp,
+        epsilon_pld=epsilon_pld,
     )
 
 
@@ -219,11 +232,16 @@ def check_cap(
         after = record_epsilon([*records, event], delta)
         unit = f"record-level RDP ε at δ={delta:g}"
     else:
+        # The ε charged: the smaller of the RDP and PLD bounds. The spend before the release
+        # is composed only for a refusal (a PLD composition costs tens of milliseconds).
         groups = _gaussian_groups(entries)
-        before = composed_gaussian_epsilon(groups, delta)
-        groups[_noise_multiplier(event)] += 1
-        after = composed_gaussian_epsilon(groups, delta)
-        unit = f"RDP ε at δ={delta:g}"
+        with_release = groups.copy()
+        with_release[_noise_multiplier(event)] += 1
+        after = min(composed_gaussian_epsilons(with_release, delta))
+        if after <= cap * (1.0 + _CAP_RTOL):
+            return
+        before = min(composed_gaussian_epsilons(groups, delta))
+        unit = f"ε (the smaller of RDP's and PLD's) at δ={delta:g}"
     if after > cap * (1.0 + _CAP_RTOL):
         raise BudgetExceededError(
             f"release refused: {unit} spent {before:.6g}, this release would bring it to "

@@ -126,8 +126,8 @@ class PrivacyLedger:
             compared with that family's spend alone:
 
             * ``event.family == "d-privacy"``: Σ ε·r over every d-privacy release;
-            * ``event.family == "rdp"``: the RDP-composed ε, at the ledger's δ, of
-              every Gaussian and sign release;
+            * ``event.family == "rdp"``: the ε, at the ledger's δ, of every Gaussian
+              and sign release, the smaller of dp-accounting's RDP and PLD bounds;
             * ``event.family == "none"``: a release without noise has no finite
               cost, so any cap refuses it.
 

@@ -68,9 +68,11 @@ def format_ledger(path: str | os.PathLike[str], *, delta: float | None = None) -
     lines.append(f"releases: {spend.releases}   declines: {spend.declines}")
     lines.append(f"d-privacy (Σ ε·r): {spend.d_privacy:.6g}")
     if any(e.event.family == "rdp" for e in state.entries):
-        lines.append(f"Gaussian/sign (RDP): ε = {spend.epsilon:.6g} at δ = {delta:g}")
+        lines.append(f"Gaussian/sign: ε = {spend.epsilon:.6g} at δ = {delta:g} (charged: the "
+                     f"smaller of RDP ε = {spend.epsilon_rdp:.6g} and PLD ε = "
+                     f"{spend.epsilon_pld:.6g})")
     else:
-        lines.append("Gaussian/sign (RDP): none")
+        lines.append("Gaussian/sign: none")
     if any(e.event.family == "record" for e in state.entries):
         lines.append(f"record-level DP-SGD (RDP): ε = {spend.record_epsilon:.6g} at δ = {delta:g}")
     nonprivate = sum(isinstance(e.event, NonPrivateEvent) for e in state.entries)

@@ -33,8 +33,9 @@ STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged")
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
     """Return a client's total spend in its mechanism's own terms.
 
-    ε·r (d-privacy) for Laplace, the RDP-composed ε for Gaussian and sign, the record-level
-    RDP ε for dpsgd, ``None`` (unbounded) without a mechanism, or for a device never heard from.
+    ε·r (d-privacy) for Laplace, the ε charged for Gaussian and sign (the smaller of RDP's and
+    PLD's), the record-level RDP ε for dpsgd, ``None`` (unbounded) without a mechanism, or for
+    a device never heard from.
     """
     key = {"laplace": "spend-d", "gaussian": "spend-epsilon", "sign": "spend-epsilon",
            "dpsgd": "spend-record-epsilon"}.get(mechanism)
@@ -42,7 +43,7 @@ def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
 
 
 _COUNTS = ("sampled", "participations", "declines", "dropped", "failures", "missing")
-_MAXIMA = ("spend", "releases", "spend_d", "epsilon", "delta")
+_MAXIMA = ("spend", "releases", "spend_d", "epsilon", "epsilon_rdp", "epsilon_pld", "delta")
 
 
 def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]:
@@ -66,6 +67,9 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             "releases": int(metrics.get("releases", 0)),
             "spend_d": float(metrics.get("spend-d", 0.0)),
             "epsilon": float(metrics.get("spend-epsilon", 0.0)),
+            # The two bounds the charged epsilon is the smaller of (0 from an older device).
+            "epsilon_rdp": float(metrics.get("spend-epsilon-rdp", 0.0)),
+            "epsilon_pld": float(metrics.get("spend-epsilon-pld", 0.0)),
             "delta": float(metrics.get("spend-delta", 0.0)),
             "budget_epsilon": float(metrics.get("budget-epsilon", 0.0)),
             "budget_delta": float(metrics.get("budget-delta", 0.0)),
@@ -95,8 +99,10 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
     spends = [c["spend"] for c in per_client.values() if c["spend"] is not None]
     unit = {
         "laplace": "epsilon*r (d-privacy, Theorem 3.1 composition)",
-        "gaussian": "epsilon at the client's delta (RDP, dp-accounting)",
-        "sign": "epsilon at the client's delta (RDP, dp-accounting)",
+        "gaussian": "epsilon at the client's delta (the smaller of dp-accounting's RDP and "
+                    "PLD bounds)",
+        "sign": "epsilon at the client's delta (the smaller of dp-accounting's RDP and PLD "
+                "bounds)",
         "dpsgd": "record-level epsilon at the client's delta (RDP, dp-accounting), of one "
                  "record under each client's relation (add-remove or replace-one)",
     }.get(mechanism, "none: releases are not sanitized")

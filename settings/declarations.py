@@ -168,7 +168,8 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "gaussian/sign: releases the epsilon target is spread over (0 = num-rounds)",
             group="privacy", minimum=0, maximum=MAX_COUNT),
     _cap("cap-d-privacy", "a client's total d-privacy spend Σ epsilon·r (laplace)", 50.0),
-    _cap("cap-epsilon", "a client's RDP-composed epsilon at its delta (gaussian, sign)", 10.0),
+    _cap("cap-epsilon", "a client's charged epsilon at its delta (gaussian, sign): the smaller of "
+         "its RDP- and PLD-composed ones", 10.0),
     # -- record-level privacy (mechanism dpsgd): DP-SGD on the device ------------------------------
     # Every number here is public and known before training: the charge (q, ν, T, relation) is
     # computed from them alone. batch-size is the public expected batch m that normalizes a

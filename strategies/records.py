@@ -134,8 +134,8 @@ class ClientRecord:
         far more for one that pulls the hypotheses away (named when they are pushed away).
     metrics : dict of str to Scalar
         The checked metrics of its replies: the last reported value of each, except the
-        spend totals (``spend-d``, ``spend-epsilon``, ``spend-delta``, ``releases``,
-        ``declines``), which hold the largest value it ever reported.
+        spend totals (``spend-d``, ``spend-epsilon`` and its two bounds, ``spend-delta``,
+        ``releases``, ``declines``), which hold the largest value it ever reported.
     record_schedule : list of [round, C, step]
         Record-level (dpsgd) releases: the clipping bound and the step each release ended
         with, by round (the clipping strategy's trajectory, from sanitized values only).

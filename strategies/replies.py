@@ -51,7 +51,7 @@ __all__ = [
 #: Metrics that only grow over a device's life (its ledger's totals): the server keeps the
 #: largest value each device ever reported, so a lower (stale or forged) report never lowers it.
 SPEND_KEYS: tuple[str, ...] = ("spend-d", "spend-epsilon", "spend-delta", "releases", "declines",
-                               "spend-record-epsilon")
+                               "spend-record-epsilon", "spend-epsilon-rdp", "spend-epsilon-pld")
 #: ``num_examples`` is not used (a gpfl client reports 1: its real count stays private); a count
 #: beyond a billion samples on one device is absurd whatever the client.
 MAX_EXAMPLES = 10**9
@@ -133,7 +133,8 @@ def parse_metrics(
     Notes
     -----
     Ranges: ``client-name`` letters, digits, ``_ - .`` (at most 128, not starting with ``.``);
-    ``declined`` 0 or 1 (absent: 0); ``spend-d``, ``spend-epsilon``, ``budget-epsilon``,
+    ``declined`` 0 or 1 (absent: 0); ``spend-d``, ``spend-epsilon`` (with
+    ``spend-epsilon-rdp`` and ``spend-epsilon-pld``), ``budget-epsilon``,
     ``sigma``, ``spend-record-epsilon``, ``record-clip-final``, ``record-lr-final`` finite and
     >= 0; ``spend-delta``, ``budget-delta`` in [0, 1]; ``releases``,
     ``declines`` integers >= 0; ``mechanism`` one of the known mechanisms; ``relation`` (the
@@ -148,8 +149,9 @@ def parse_metrics(
     if isinstance(declined, bool) or declined not in (0, 1):
         return f"metric 'declined' must be 0 or 1, got {_short(declined)}"
     values: dict[str, Any] = {"client-name": name, "declined": int(declined)}
-    for key in ("spend-d", "spend-epsilon", "budget-epsilon", "sigma", "spend-record-epsilon",
-                "record-clip-final", "record-lr-final"):
+    for key in ("spend-d", "spend-epsilon", "spend-epsilon-rdp", "spend-epsilon-pld",
+                "budget-epsilon", "sigma", "spend-record-epsilon", "record-clip-final",
+                "record-lr-final"):
         if key in metrics:
             number = _number(metrics[key])
             if number is None or number < 0:

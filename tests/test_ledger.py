@@ -34,11 +34,14 @@ from mechanisms import (
     calibrate_gaussian_noise_multiplier,
     gaussian_epsilon,
 )
+from mechanisms.calibration import composed_gaussian_epsilon_pld, composed_gaussian_epsilon_rdp
 from mechanisms.record_accounting import record_epsilon
 from server.ledger_view import format_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 DELTA = 1e-5
+#: How a refused Gaussian or sign charge names its unit.
+CHARGED_UNIT = r"ε \(the smaller of RDP's and PLD's\) at δ=1e-05"
 
 
 def metric(cost: float) -> MetricPrivacyEvent:
@@ -194,8 +197,32 @@ def test_the_planned_releases_fit_a_cap_equal_to_the_target(path: Path) -> None:
 
     # Assert
     assert spend.epsilon <= 1.0
-    with pytest.raises(BudgetExceededError, match=r"RDP ε at δ=1e-05"):
+    with pytest.raises(BudgetExceededError, match=CHARGED_UNIT):
         ledger.charge(SignReleaseEvent(z), cap=1.0)
+
+
+def test_the_cap_admits_the_releases_pld_admits_beyond_rdp(path: Path) -> None:
+    # Prepare: z calibrated (by RDP) for 30 releases within ε = 1; the cap is that ε. RDP
+    # would decline the 31st release; PLD's ε of 35 releases is still below 1, of 36 above.
+    z = calibrate_gaussian_noise_multiplier(1.0, DELTA, 30)
+    rdp = composed_gaussian_epsilon_rdp({z: 31}, DELTA)
+    assert rdp > 1.0
+    assert composed_gaussian_epsilon_pld({z: 35}, DELTA) <= 1.0
+    assert composed_gaussian_epsilon_pld({z: 36}, DELTA) > 1.0
+    ledger = PrivacyLedger(path, delta=DELTA)
+
+    # Execute
+    for i in range(35):
+        spend = ledger.charge((GaussianReleaseEvent, SignReleaseEvent)[i % 2](z), cap=1.0)
+    before = path.read_bytes()
+    with pytest.raises(BudgetExceededError, match=CHARGED_UNIT) as info:
+        ledger.charge(GaussianReleaseEvent(z), cap=1.0)
+
+    # Assert: 35 charged, the 36th refused and nothing written; the spend reports both bounds.
+    assert spend.releases == 35 and path.read_bytes() == before
+    assert spend.epsilon == spend.epsilon_pld < 1.0 < spend.epsilon_rdp
+    assert info.value.spent == spend.epsilon
+    assert info.value.would_spend == composed_gaussian_epsilon_pld({z: 36}, DELTA)
 
 
 def test_many_releases_are_composed_quickly(path: Path) -> None:
@@ -254,7 +281,7 @@ def test_a_gaussian_release_past_the_rdp_cap_is_refused_whatever_the_d_privacy_s
     before = path.read_bytes()
 
     # Execute / Assert
-    with pytest.raises(BudgetExceededError, match=r"RDP ε at δ=1e-05") as info:
+    with pytest.raises(BudgetExceededError, match=CHARGED_UNIT) as info:
         ledger.charge(GaussianReleaseEvent(z), cap=cap)
     assert info.value.spent == pytest.approx(gaussian_epsilon(z, 1, DELTA), rel=1e-12)
     assert info.value.would_spend == pytest.approx(gaussian_epsilon(z, 2, DELTA), rel=1e-12)
@@ -446,7 +473,8 @@ def test_declines_are_counted_and_persisted(path: Path) -> None:
     # Assert
     assert (spend.declines, spend.releases) == (2, 0)
     assert spend.to_dict() == {"d_privacy": 0.0, "epsilon": 0.0, "delta": 0.0,
-                               "releases": 0, "declines": 2, "record_epsilon": 0.0}
+                               "releases": 0, "declines": 2, "record_epsilon": 0.0,
+                               "epsilon_rdp": 0.0, "epsilon_pld": 0.0}
 
 
 def test_ledger_delta_is_validated(path: Path) -> None:
@@ -488,7 +516,11 @@ def test_format_ledger_lists_events_and_totals(path: Path) -> None:
     assert "d-privacy (Σ ε·r): 1769.2" in text
     record = record_epsilon([RecordLevelEvent(0.1, 2.0, 10, "replace-one", 2.0)], DELTA)
     assert f"record-level DP-SGD (RDP): ε = {record:.6g} at δ = 1e-05" in text
-    assert f"ε = {gaussian_epsilon(8.0, 1, DELTA):.6g} at δ = 1e-05" in text
+    rdp = composed_gaussian_epsilon_rdp({8.0: 1}, DELTA)
+    pld = composed_gaussian_epsilon_pld({8.0: 1}, DELTA)
+    assert pld < rdp
+    assert (f"Gaussian/sign: ε = {pld:.6g} at δ = 1e-05 (charged: the smaller of "
+            f"RDP ε = {rdp:.6g} and PLD ε = {pld:.6g})") in lines
 
 
 def test_format_ledger_without_a_file_says_so(tmp_path: Path) -> None:

@@ -13,7 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mechanisms import calibrate_gaussian_noise_multiplier, gaussian_epsilon
-from mechanisms.calibration import composed_gaussian_epsilon
+from mechanisms.calibration import (
+    composed_gaussian_epsilon,
+    composed_gaussian_epsilon_pld,
+    composed_gaussian_epsilon_rdp,
+)
+
+
+def rdp_epsilon(z: float, releases: int, delta: float) -> float:
+    """The RDP ε the calibration targets (the ledger charges the smaller PLD one if it is)."""
+    return composed_gaussian_epsilon_rdp({z: releases}, delta)
 
 
 @settings(max_examples=25, deadline=None)
@@ -27,13 +36,16 @@ def test_calibrated_noise_composes_to_the_target_within_one_percent(
 ) -> None:
     # Execute
     z = calibrate_gaussian_noise_multiplier(epsilon, delta, releases)
-    spent = gaussian_epsilon(z, releases, delta)
+    spent = rdp_epsilon(z, releases, delta)
+    charged = gaussian_epsilon(z, releases, delta)
     exact = dp_accounting.get_epsilon_gaussian(z / math.sqrt(releases), delta)
 
     # Assert: never above the target, and not wastefully below it; the exact epsilon of
-    # the composition (one Gaussian with z / sqrt(k)) is below RDP's bound, not far below.
+    # the composition (one Gaussian with z / sqrt(k)) is below RDP's bound, not far below;
+    # the charge (PLD's, if smaller) is between the two.
     assert 0.99 * epsilon <= spent <= epsilon
     assert 0.8 * spent <= exact <= spent
+    assert exact <= charged <= spent
 
 
 @pytest.mark.parametrize(
@@ -51,14 +63,18 @@ def test_rdp_is_an_upper_bound_close_to_tighter_accountants(
     event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), releases)
 
     # Execute
-    rdp = gaussian_epsilon(z, releases, delta)
+    rdp = rdp_epsilon(z, releases, delta)
     exact = dp_accounting.get_epsilon_gaussian(z / math.sqrt(releases), delta)
     pld = PLDAccountant(value_discretization_interval=1e-3).compose(event).get_epsilon(delta)
+    charged = gaussian_epsilon(z, releases, delta)
 
-    # Assert: RDP is an upper bound on the truth and not far from it.
+    # Assert: RDP is an upper bound on the truth and not far from it; the ledger's PLD
+    # figure (a coarser interval for larger compositions) too, and closer.
     assert exact <= rdp <= 1.2 * exact
     assert pld == pytest.approx(exact, rel=0.02)
     assert pld <= rdp
+    assert exact <= charged == composed_gaussian_epsilon_pld({z: releases}, delta)
+    assert charged == pytest.approx(exact, rel=1e-4)
 
 
 def test_rdp_epsilon_is_no_worse_than_the_classical_conversion() -> None:
@@ -70,7 +86,7 @@ def test_rdp_epsilon_is_no_worse_than_the_classical_conversion() -> None:
 
     # Execute
     classical = float(np.min(k * orders / (2 * z**2) + np.log(1 / delta) / (orders - 1)))
-    rdp = gaussian_epsilon(z, k, delta)
+    rdp = rdp_epsilon(z, k, delta)
 
     # Assert
     assert rdp <= classical
@@ -82,7 +98,11 @@ def test_known_values_are_pinned() -> None:
     # accountant changed: check it before updating the pins.
     assert calibrate_gaussian_noise_multiplier(1.0, 1e-5, 40) == pytest.approx(25.5853, rel=1e-4)
     assert calibrate_gaussian_noise_multiplier(8.0, 1e-5, 1) == pytest.approx(0.637670, rel=1e-4)
-    assert gaussian_epsilon(1.0, 1, 1e-5) == pytest.approx(4.72851, rel=1e-4)
+    assert rdp_epsilon(1.0, 1, 1e-5) == pytest.approx(4.72851, rel=1e-4)
+    # dp-accounting 0.6 (PLDAccountant, pessimistic): the charge, against the exact 4.3771.
+    assert gaussian_epsilon(1.0, 1, 1e-5) == pytest.approx(4.37718, rel=1e-5)
+    assert gaussian_epsilon(1.0, 100, 1e-5) == pytest.approx(91.8173, rel=1e-5)
+    assert rdp_epsilon(1.0, 100, 1e-5) == pytest.approx(96.1163, rel=1e-5)
 
 
 def test_epsilon_grows_with_releases_and_shrinks_with_noise() -> None:
@@ -100,12 +120,17 @@ def test_grouped_composition_equals_the_accountant_over_all_events() -> None:
     accountant = dp_accounting.rdp.RdpAccountant()
     for z in [3.0] * 30 + [7.0] * 5:
         accountant.compose(dp_accounting.GaussianDpEvent(z))
+    # Composed exactly, they are one Gaussian of noise multiplier 1/√(30/9 + 5/49).
+    exact = dp_accounting.get_epsilon_gaussian((30 / 9 + 5 / 49) ** -0.5, 1e-6)
 
     # Execute
-    grouped = composed_gaussian_epsilon({3.0: 30, 7.0: 5}, 1e-6)
+    grouped = composed_gaussian_epsilon_rdp({3.0: 30, 7.0: 5}, 1e-6)
+    pld = composed_gaussian_epsilon_pld({3.0: 30, 7.0: 5}, 1e-6)
 
     # Assert
     assert grouped == pytest.approx(accountant.get_epsilon(1e-6), rel=1e-9)
+    assert exact <= pld <= exact * (1 + 1e-4) and pld < grouped
+    assert composed_gaussian_epsilon({3.0: 30, 7.0: 5}, 1e-6) == pld
     assert composed_gaussian_epsilon({}, 1e-6) == 0.0
 
 

@@ -14,6 +14,7 @@ from mechanisms import (
     SignReleaseEvent,
     Spend,
 )
+from mechanisms.calibration import composed_gaussian_epsilon_pld
 from server.ledger_view import format_ledger
 from tests.test_ledger import (
     DELTA,
@@ -152,7 +153,8 @@ TABLE_BEFORE_THE_SPLIT = [
     '',
     'releases: 7   declines: 2',
     'd-privacy (Σ ε·r): 1768.85',
-    'Gaussian/sign (RDP): ε = 1.9404 at δ = 1e-05',
+    'Gaussian/sign: ε = 1.78427 at δ = 1e-05 (charged: the smaller of RDP ε = 1.9404 and '
+    'PLD ε = 1.78427)',
     'releases without noise (no guarantee): 1',
     "relation device-replace (6 of the releases): device level: the device's whole local data "
     "set replaced by any other (d-privacy: at the distance between the two data sets' models)",
@@ -170,10 +172,14 @@ def test_a_ledger_written_before_the_split_loads_with_the_same_spend(path: Path)
     ledger = PrivacyLedger(path, delta=DELTA)
     spend = ledger.spent()
 
-    # Assert: the figures that code reported, to the bit; the entries as charged, each under
-    # its kind's relation.
-    assert spend == Spend(d_privacy=1768.85, epsilon=1.9404043377646252, delta=1e-05,
-                          releases=7, declines=2)
+    # Assert: the figures that code reported, to the bit (its ε was RDP's; the charge is now
+    # the smaller PLD one, dp-accounting's, from the same entries); the entries as charged,
+    # each under its kind's relation.
+    pld = composed_gaussian_epsilon_pld({3.25: 2, 8.0: 1}, DELTA)
+    assert pld < 1.9404043377646252
+    assert spend == Spend(d_privacy=1768.85, epsilon=pld, delta=1e-05,
+                          releases=7, declines=2, epsilon_rdp=1.9404043377646252,
+                          epsilon_pld=pld)
     assert [e.round for e in ledger.entries()] == [1, 2, 3, 4, None, 6, 7]
     assert [e.event for e in ledger.entries()] == [
         NeighbourhoodEvent((7850,), 5.0), MetricPrivacyEvent(((0.1, 2.0), (0.3, 0.5))),
@@ -203,5 +209,5 @@ def test_a_ledger_written_before_the_split_is_continued_in_the_same_format(
     for item in document["events"]:
         item["event"]["relation"] = "none" if item["event"]["kind"] == "none" else "device-replace"
     assert path.read_text() == json.dumps(document, indent=1) + "\n"
-    assert PrivacyLedger(path, delta=DELTA).spent().epsilon == 1.9404043377646252
+    assert PrivacyLedger(path, delta=DELTA).spent().epsilon_rdp == 1.9404043377646252
     assert lock_of(path).read_bytes() == LOCK_BEFORE_THE_SPLIT.replace(b"09\n", b"10\n")
