@@ -58,7 +58,9 @@ __all__ = [
     "EpsilonBound",
     "Scenario",
     "audit",
+    "choose_test",
     "clopper_pearson",
+    "count_test",
     "epsilon_lower_bound",
     "gaussian",
     "laplace_fixed",
@@ -117,8 +119,9 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, *, delta: fl
 
     Each side is split at random into halves of equal size. On the first halves every
     threshold (each distinct score) in both directions is tried, and the one with the highest
-    bound is kept; that single test is then counted on the second halves, where its
-    Clopper–Pearson bounds at 1 − (1 − confidence)/2 each make ε_lb hold at ``confidence``.
+    bound is kept (:func:`choose_test`); that single test is then counted on the second halves
+    (:func:`count_test`), where its Clopper–Pearson bounds at 1 − (1 − confidence)/2 each make
+    ε_lb hold at ``confidence``.
 
     Parameters
     ----------
@@ -134,13 +137,29 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, *, delta: fl
     a, b = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size < 4:
         raise ValueError(f"need two equal 1-D score arrays of >= 4, got {a.shape}, {b.shape}")
-    alpha = 1.0 - confidence
     a, b = rng.permutation(a), rng.permutation(b)
     half = a.size // 2
-    (sel_a, ev_a), (sel_b, ev_b) = (a[:half], a[half:2 * half]), (b[:half], b[half:2 * half])
+    _, threshold, direction = choose_test(a[:half], b[:half], delta=delta,
+                                          confidence=confidence)
+    return count_test(a[half:2 * half], b[half:2 * half], threshold, direction, delta=delta,
+                      confidence=confidence)
+
+
+def choose_test(select_a: np.ndarray, select_b: np.ndarray, *, delta: float,
+                confidence: float = 0.95) -> tuple[float, float, int]:
+    """Choose the threshold test with the highest bound on one half of the scores.
+
+    Returns ``(bound, threshold, direction)``: the test says "b" where
+    ``direction * score > threshold``; ``bound`` is its ε_lb on these very scores (biased
+    upwards by the choice: only :func:`count_test` on other scores gives a valid bound).
+    """
+    a, b = np.asarray(select_a, np.float64), np.asarray(select_b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError(f"need two equal 1-D score arrays of >= 2, got {a.shape}, {b.shape}")
+    half, alpha = a.size, 1.0 - confidence
     best = (-math.inf, 0.0, 1)
     for direction in (1, -1):
-        null, alt = np.sort(direction * sel_a), np.sort(direction * sel_b)
+        null, alt = np.sort(direction * a), np.sort(direction * b)
         thresholds = np.unique(np.concatenate([null, alt]))
         if thresholds.size > 4096:  # the tails matter most: keep them all, thin the middle
             keep = np.unique(np.concatenate([thresholds[:512], thresholds[-2048:],
@@ -152,10 +171,19 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, *, delta: fl
         i = int(np.argmax(eps))
         if eps[i] > best[0]:
             best = (float(eps[i]), float(thresholds[i]), direction)
-    _, threshold, direction = best
-    n = ev_a.size
-    false_pos = int(np.count_nonzero(direction * ev_a > threshold))
-    true_pos = int(np.count_nonzero(direction * ev_b > threshold))
+    return best
+
+
+def count_test(scores_a: np.ndarray, scores_b: np.ndarray, threshold: float, direction: int, *,
+               delta: float, confidence: float = 0.95) -> EpsilonBound:
+    """Count one fixed test (chosen without these scores) and bound ε at ``confidence``."""
+    a, b = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 1:
+        raise ValueError(f"need two equal non-empty 1-D score arrays, got {a.shape}, {b.shape}")
+    alpha = 1.0 - confidence
+    n = a.size
+    false_pos = int(np.count_nonzero(direction * a > threshold))
+    true_pos = int(np.count_nonzero(direction * b > threshold))
     low, _ = clopper_pearson(true_pos, n, alpha / 2)
     _, high = clopper_pearson(false_pos, n, alpha / 2)
     value = float(_bound(np.array(true_pos), np.array(false_pos), n, delta, alpha))
