@@ -220,8 +220,10 @@ def _pair(layers: Sequence[int], pair: str) -> tuple[Layers, Layers, Layers]:
 def scenarios(pairs: Sequence[str] = tuple(PAIRS)) -> list[LowbitScenario]:
     """Every mechanism and calibration of a device-level release, on each of ``pairs``.
 
-    Laplace neighbourhood (whole model and per layer), Laplace fixed, Gaussian and sign, with
-    the device's default least radius and δ; the requests are a server's (ν = 5, a small clip).
+    Laplace neighbourhood (whole model and per layer), Laplace fixed, Gaussian and sign, on a
+    model of two parameters (per layer: two layers of two), and Laplace neighbourhood and
+    Gaussian on a model of one; the device's default least radius and δ; the requests are a
+    server's (ν = 5, a small clip). A pair that moves a coordinate the model lacks is skipped.
     """
     kinds: list[tuple[str, dict[str, Any], dict[str, Any], tuple[int, ...]]] = [
         ("laplace neighbourhood", {"mechanism": "laplace", "calibration": "neighbourhood",
@@ -237,9 +239,15 @@ def scenarios(pairs: Sequence[str] = tuple(PAIRS)) -> list[LowbitScenario]:
         ("sign", {"mechanism": "sign", "epsilon": 1.0, "clip": CLIP, "planned-releases": 1},
          {}, (2,)),
     ]
+    # One coordinate (a model, or a per-layer block, of one parameter: a bias): the grid's
+    # rounding then leaves no noise at all with a probability of a few per cent.
+    kinds += [(f"{label} 1-D", request, node, (1,)) for label, request, node, _ in kinds
+              if label in ("laplace neighbourhood", "gaussian")]
     out = []
     for label, request, node, layers in kinds:
         for pair in pairs:
+            if PAIRS[pair][0] >= sum(layers):
+                continue
             hypothesis, a, b = _pair(layers, pair)
             out.append(LowbitScenario(f"{label} {pair}", request, node, hypothesis, a, b))
     return out
@@ -300,13 +308,16 @@ def _exact(values: np.ndarray) -> np.ndarray:
 
 
 Score = Callable[[np.ndarray], np.ndarray]
+#: Every feature's score of a refused release (below any other score: a fixed point of its own).
+REFUSED_SCORE = -1e300
 
 
 def features(build_a: np.ndarray, build_b: np.ndarray, *, spacing: float) -> dict[str, Score]:
     """Return the tests' scores (rows: flattened releases; one score per row).
 
     Every bit feature of :func:`bit_features` per coordinate and summed over coordinates;
-    ``refused`` (the release check refused: the row is NaN); and exact-value membership per
+    ``refused`` (the release check refused: the row is NaN; every other feature scores such a
+    row :data:`REFUSED_SCORE`); and exact-value membership per
     coordinate and summed: +1 for a value seen in ``build_b`` and never in ``build_a``, −1 for
     the reverse. The membership sets come from ``build_a`` and ``build_b``, so its tests must
     be chosen and counted on other releases. ``spacing`` is the residue's modulus.
@@ -337,12 +348,18 @@ def features(build_a: np.ndarray, build_b: np.ndarray, *, spacing: float) -> dic
     def refused(rows: np.ndarray) -> np.ndarray:
         return np.isnan(rows).all(axis=1).astype(np.float64)
 
+    def finite(score: Score) -> Score:
+        def scored(rows: np.ndarray) -> np.ndarray:
+            values = np.asarray(score(rows), dtype=np.float64)
+            return np.where(np.isnan(rows).all(axis=1), REFUSED_SCORE, values)
+        return scored
+
     out: dict[str, Score] = {"refused": refused}
     for j in [*range(build_a.shape[1]), None]:
         where = "sum" if j is None else f"x{j}"
         for name in ("tz", "binade", "valuation", "residue", "value"):
-            out[f"{name} {where}"] = bits(j, name)
-        out[f"member {where}"] = member(j)
+            out[f"{name} {where}"] = finite(bits(j, name))
+        out[f"member {where}"] = finite(member(j))
     return out
 
 

@@ -15,7 +15,9 @@ Sample size and false-positive rate: 4,000 releases per input (2,000 count the c
 probability at most 5 % by construction, for every mechanism and pair; the audits are seeded,
 so each outcome here is fixed. The pairs: a zero coordinate that becomes 2^-7 and a coordinate
 at 1.0 that moves to 1 − 2^-7, both within the least radius, for Laplace neighbourhood (whole
-model and per layer), Laplace fixed, Gaussian and sign.
+model and per layer), Laplace fixed, Gaussian and sign on two parameters, and Laplace
+neighbourhood and Gaussian on one (expected to fail, strictly, while the release invariant's
+refusal of a one-parameter block depends on the data: see ``REFUSAL_LEAK``).
 
 The detector's power: the same audit, at the same size, must catch the float-unsafe release
 (the mechanism's noise added in float64, no grid, released in float64: the release a server
@@ -34,7 +36,22 @@ TRIALS = 4_000
 PAIRS = ("zero/2^-7", "binade/2^-7")
 
 
-@pytest.mark.parametrize("scenario", [pytest.param(s, id=s.name) for s in la.scenarios(PAIRS)])
+#: The release invariant refuses a release whose rounded noise is exactly zero. On a model (or a
+#: per-layer block) of one parameter the grid's rounding leaves no noise with a probability of
+#: 2-3 %, and only when the model lies on the grid (0 does, 10^-3 does not): the refusal, seen
+#: by the server, tells the two apart (the audit bounds these pairs' ε at 1.5-1.7).
+REFUSAL_LEAK = pytest.mark.xfail(
+    strict=True, raises=AssertionError,
+    reason="a one-parameter block's refusal depends on whether the model lies on the grid "
+    "(the release invariant refuses a rounded noise of exactly zero)")
+
+
+def _cases() -> list[object]:
+    return [pytest.param(s, id=s.name, marks=[REFUSAL_LEAK] if "1-D" in s.name else [])
+            for s in la.scenarios(PAIRS)]
+
+
+@pytest.mark.parametrize("scenario", _cases())
 def test_no_release_is_shown_by_its_low_bits_to_leak_more_than_its_charge(
     scenario: la.LowbitScenario,
 ) -> None:
