@@ -22,6 +22,11 @@ neighbouring inputs where the bound is hardest to meet: the whole clipped update
 that separates the two centres, and (k = 2) data sets that pick different hypotheses and train
 away from each other.
 
+Every release is the device's own (:func:`client.release.make_release`: the exact release on
+its public grid, the float32 cast and the release invariant; a refusal scores
+:data:`REFUSED_SCORE`), and the scores are not rounded: a test may read any bit of what leaves
+the device (the low-bit audit, :mod:`experiments.lowbit_audit`, reads the bits themselves).
+
 ``charged`` is what a real :class:`~mechanisms.PrivacyLedger` charges for one release of the
 same event; d-privacy is reported per unit of distance (ε_lb and the charge both divided by
 the distance between the two inputs), Gaussian and sign as (ε, δ) at the ledger's δ.
@@ -33,16 +38,19 @@ error. The gap between them is the accounting's slack plus the test's weakness.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from scipy import optimize, stats
 
+from client.release import ReleasePlan, make_release
 from mechanisms import (
     EuclideanLaplace,
     GaussianMechanism,
@@ -51,9 +59,10 @@ from mechanisms import (
     StochasticSign,
     hypotheses_diameter,
 )
+from mechanisms.invariant import ReleaseRefused
 
 __all__ = [
-    "RESOLUTION",
+    "REFUSED_SCORE",
     "AuditResult",
     "EpsilonBound",
     "Scenario",
@@ -65,6 +74,8 @@ __all__ = [
     "gaussian",
     "laplace_fixed",
     "laplace_neighbourhood",
+    "release_check_off",
+    "releases",
     "sign",
 ]
 
@@ -199,7 +210,8 @@ class Scenario:
     ----------
     name : str
     mechanism : Mechanism
-        The real mechanism object whose ``sanitize`` makes every release.
+        The real mechanism object; every release is :func:`client.release.make_release` of
+        a plan of it (:func:`releases`).
     a, b : tuple of (reference, updated)
         The two inputs: the hypothesis each data set picked and the model it trained.
     spread : float
@@ -251,13 +263,37 @@ class AuditResult:
 
 def releases(mechanism: Mechanism, reference: Layers, updated: Layers, *, spread: float,
              trials: int, rng: np.random.Generator) -> np.ndarray:
-    """``trials`` releases of ``mechanism.sanitize``, one flattened row each."""
+    """``trials`` releases through the device's path, one flattened row each (float32).
+
+    Each release is :func:`client.release.make_release` of a plan of ``mechanism`` (its event
+    for this release, ``spread``): the exact release on its grid, the float32 cast and the
+    release invariant, as ``fit`` makes it. A refused release
+    (:class:`~mechanisms.invariant.ReleaseRefused`, after the charge) is a row of NaN.
+    """
+    plan = ReleasePlan(mechanism=mechanism, event=mechanism.event(reference, updated),
+                       spread=spread)
     n = sum(u.size for u in updated)
-    out = np.empty((trials, n))
+    out = np.empty((trials, n), dtype=np.float32)
     for i in range(trials):
-        out[i] = np.concatenate([x.ravel() for x in
-                                 mechanism.sanitize(reference, updated, rng=rng, spread=spread)])
+        try:
+            released = make_release(plan, reference, updated, rng=rng)
+        except ReleaseRefused:
+            out[i] = np.nan
+            continue
+        out[i] = np.concatenate([x.ravel() for x in released])
     return out
+
+
+@contextlib.contextmanager
+def release_check_off() -> Iterator[None]:
+    """Within the block, :func:`client.release.make_release` skips the release invariant.
+
+    For injected errors only: the invariant refuses many of them (a noise below its charge,
+    off its grid) before anything leaves, which is its job; switching it off measures the
+    audit's own power to see them.
+    """
+    with mock.patch("client.release.verify_release", lambda *args, **kwargs: None):
+        yield
 
 
 def charged(mechanism: Mechanism, reference: Layers, updated: Layers, *, delta: float) -> float:
@@ -269,20 +305,18 @@ def charged(mechanism: Mechanism, reference: Layers, updated: Layers, *, delta: 
     return spend.d_privacy if event.family == "d-privacy" else spend.epsilon
 
 
-#: The resolution the scores are rounded to (see :func:`audit`).
-RESOLUTION = 1e-9
+#: The score of a refused release: that of the two inputs' midpoint (any fixed score of an
+#: output is a valid test; the scenarios' inputs lie on their grids, where the law refuses
+#: both alike).
+REFUSED_SCORE = 0.0
 
 
-def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95, seed: int = 0,
-          resolution: float | None = RESOLUTION) -> AuditResult:
+def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95,
+          seed: int = 0) -> AuditResult:
     """Run ``trials`` releases on each input, bound ε, and compare with the ledger's charge.
 
-    ``resolution``: the scores are rounded to this before the test, so that the audit measures
-    the mechanism's law and its accounting. Unrounded, the test can pick the last bit of the
-    release: ``fl(x + ρ)`` lands on a lattice of floats that depends on x (Mironov 2012), and
-    the one-dimensional Laplace pairs here are told apart by it far beyond their ε. That leak
-    of floating-point sampling is real and listed among gpfl's known leaks; ``None`` keeps it
-    in view (the ``empirical-privacy`` experiment shows it).
+    The releases are the device's (:func:`releases`) and their scores are not rounded: the
+    test may read any bit of the float32 release, as a server can.
     """
     noise, split = np.random.default_rng(np.random.SeedSequence([seed, 0])), \
         np.random.default_rng(np.random.SeedSequence([seed, 1]))
@@ -290,9 +324,8 @@ def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95, seed: in
                   rng=noise)
     yb = releases(scenario.mechanism, *scenario.b, spread=scenario.spread, trials=trials,
                   rng=noise)
-    sa, sb = scenario.score(ya), scenario.score(yb)
-    if resolution is not None:
-        sa, sb = np.round(sa / resolution) * resolution, np.round(sb / resolution) * resolution
+    sa, sb = (np.where(np.isnan(y).any(axis=1), REFUSED_SCORE, scenario.score(y))
+              for y in (ya, yb))
     bound = epsilon_lower_bound(sa, sb, delta=scenario.delta, confidence=confidence, rng=split)
     cost = charged(scenario.mechanism, *scenario.a, delta=scenario.delta)
     d = scenario.distance
