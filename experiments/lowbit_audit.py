@@ -54,9 +54,12 @@ from unittest import mock
 import numpy as np
 
 from client.policy import DevicePolicy
+from client.record_release import plan_record_release, release_record
 from client.release import ReleasePlan, make_release, plan_release
 from client.settings import ClientSettings
+from experiments import record_audit as ra
 from experiments.privacy_audit import EpsilonBound, choose_test, count_test
+from experiments.record_audit import RecordScenario
 from mechanisms import PrivacyLedger, device_rng
 from mechanisms.invariant import ReleaseRefused
 from settings import federation_defaults
@@ -67,6 +70,7 @@ __all__ = [
     "LowbitScenario",
     "ReleaseFn",
     "audit",
+    "audit_record",
     "device_release",
     "features",
     "float_sums",
@@ -417,6 +421,29 @@ def _choose(score_a: np.ndarray, score_b: np.ndarray, *, delta: float, confidenc
     return (*forward, False)
 
 
+def _select_and_count(ya: np.ndarray, yb: np.ndarray, *, delta: float, confidence: float,
+                      spacing: float) -> tuple[EpsilonBound, str, dict[str, float]]:
+    """Choose the test on the first halves of the (shuffled) rows, count it on the second."""
+    half = ya.shape[0] // 2
+    quarter = half // 2
+    tests = features(ya[:quarter], yb[:quarter], spacing=spacing)
+    selection: dict[str, float] = {}
+    best: tuple[float, str, float, int, bool] = (-math.inf, "", 0.0, 1, False)
+    for name, score in tests.items():
+        start = quarter if name.startswith("member") else 0
+        value, threshold, direction, swapped = _choose(
+            score(ya[start:half]), score(yb[start:half]), delta=delta, confidence=confidence)
+        selection[name] = value
+        if value > best[0]:
+            best = (value, name, threshold, direction, swapped)
+    _, name, threshold, direction, swapped = best
+    ev_a, ev_b = tests[name](ya[half:2 * half]), tests[name](yb[half:2 * half])
+    if swapped:
+        ev_a, ev_b = ev_b, ev_a
+    bound = count_test(ev_a, ev_b, threshold, direction, delta=delta, confidence=confidence)
+    return bound, f"{name} ({'a' if swapped else 'b'} inside)", selection
+
+
 def audit(scenario: LowbitScenario, *, trials: int, confidence: float = 0.95,
           seed: int | None = None, release: ReleaseFn = device_release) -> LowbitResult:
     """Make ``trials`` releases of each input through ``release``; bound the pair's ε.
@@ -454,23 +481,61 @@ def audit(scenario: LowbitScenario, *, trials: int, confidence: float = 0.95,
         yb = _releases(release, plan, scenario.hypothesis, scenario.b, trials, noise)
     delta = 0.0 if plan.event.family == "d-privacy" else s.privacy.ledger_delta
     ya, yb = ya[split.permutation(trials)], yb[split.permutation(trials)]
-    half = trials // 2
-    quarter = half // 2
-    tests = features(ya[:quarter], yb[:quarter], spacing=scenario.spacing)
-    selection: dict[str, float] = {}
-    best: tuple[float, str, float, int, bool] = (-math.inf, "", 0.0, 1, False)
-    for name, score in tests.items():
-        start = quarter if name.startswith("member") else 0
-        value, threshold, direction, swapped = _choose(
-            score(ya[start:half]), score(yb[start:half]), delta=delta, confidence=confidence)
-        selection[name] = value
-        if value > best[0]:
-            best = (value, name, threshold, direction, swapped)
-    _, name, threshold, direction, swapped = best
-    ev_a, ev_b = tests[name](ya[half:2 * half]), tests[name](yb[half:2 * half])
-    if swapped:
-        ev_a, ev_b = ev_b, ev_a
-    bound = count_test(ev_a, ev_b, threshold, direction, delta=delta, confidence=confidence)
-    feature = f"{name} ({'a' if swapped else 'b'} inside)"
+    bound, feature, selection = _select_and_count(ya, yb, delta=delta, confidence=confidence,
+                                                  spacing=scenario.spacing)
     return LowbitResult(scenario.name, s.privacy.mechanism, feature, charged, trials,
                         str(ya.dtype), bound, selection)
+
+
+# -- the record-level mode (dpsgd): a canary record in or out ----------------------------------
+
+def audit_record(scenario: RecordScenario, *, trials: int, confidence: float = 0.95,
+                 seed: int | None = None) -> LowbitResult:
+    """Low-bit audit of DP-SGD through the device's record-level path, canary in or out.
+
+    The releases are :func:`client.record_release.release_record` on the canary data sets of
+    :mod:`experiments.record_audit` (k = 1: ``scenario.canaries`` slots per release, half with
+    the canary, each slot one trial). A trial's row is the released weights of its slot's
+    column (two float32 values, exactly 0 in the hypothesis): read by the same features and
+    split as :func:`audit`, against the ledger's record-level ε at the scenario's δ.
+    """
+    if scenario.k != 1 or scenario.canaries < 2 or scenario.canaries % 2:
+        raise ValueError("the low-bit record audit takes k = 1 and an even number of canaries")
+    slots = scenario.canaries
+    task = ra.CanaryTask(slots)
+    if seed is None:
+        rng, noise, split = np.random.default_rng(), device_rng(), np.random.default_rng()
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 2]))
+        noise = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+        split = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+    ordinary = ra._ordinary(task.slots, rng)
+    rows: dict[bool, list[np.ndarray]] = {True: [], False: []}
+    with tempfile.TemporaryDirectory() as folder:
+        s = ra.settings_of(scenario, folder)
+        record = s.privacy.record
+        assert record is not None
+        hypotheses = ra._hypotheses(scenario, task.slots, record.loss_clip)
+        plan = plan_record_release(s, hypotheses)
+        charged = ra.record_charge(plan, s)
+        while min(len(v) for v in rows.values()) < trials:
+            inside = np.zeros(task.slots, dtype=bool)
+            inside[rng.permutation(task.slots)[: task.slots // 2]] = True
+            replaced = (~inside if scenario.relation == "replace-one"
+                        else np.zeros_like(inside))
+            data = ra._dataset(task.slots, inside, replaced, 1, ordinary)
+            try:
+                released, _ = release_record(task, s, plan, hypotheses, data, noise)
+            except ReleaseRefused:
+                for is_in in inside.tolist():
+                    rows[is_in].append(np.full(2, np.nan, dtype=np.float32))
+                continue
+            weights = np.asarray(released[0])
+            for i, is_in in enumerate(inside.tolist()):
+                rows[is_in].append(weights[:, ra.BASE + i].copy())
+    ya, yb = (np.stack(rows[side][:trials]) for side in (False, True))
+    ya, yb = ya[split.permutation(trials)], yb[split.permutation(trials)]
+    bound, feature, selection = _select_and_count(ya, yb, delta=scenario.delta,
+                                                  confidence=confidence, spacing=2.0**-20)
+    return LowbitResult(scenario.name, "dpsgd", feature, charged, trials, str(ya.dtype), bound,
+                        selection)

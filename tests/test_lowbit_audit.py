@@ -17,7 +17,11 @@ so each outcome here is fixed. The pairs: a zero coordinate that becomes 2^-7 an
 at 1.0 that moves to 1 − 2^-7, both within the least radius, for Laplace neighbourhood (whole
 model and per layer), Laplace fixed, Gaussian and sign on two parameters, and Laplace
 neighbourhood and Gaussian on one (expected to fail, strictly, while the release invariant's
-refusal of a one-parameter block depends on the data: see ``REFUSAL_LEAK``).
+refusal of a one-parameter block depends on the data: see ``REFUSAL_LEAK``). DP-SGD
+(`client.record_release.release_record` on `experiments.record_audit`'s canary records, q = 1,
+T = 1, ν = 1, δ = 0.01, add/remove and replace-one): 2,000 canary slots per input (20 releases
+of 100 slots; the released weights of each slot's column, exactly 0 in the hypothesis), the
+same features and split, against the ledger's record-level ε (2.75 and 6.93); the same 5 %.
 
 The detector's power: the same audit, at the same size, must catch the float-unsafe release
 (the mechanism's noise added in float64, no grid, released in float64: the release a server
@@ -31,6 +35,7 @@ import numpy as np
 import pytest
 
 from experiments import lowbit_audit as la
+from experiments import record_audit as ra
 
 TRIALS = 4_000
 PAIRS = ("zero/2^-7", "binade/2^-7")
@@ -75,6 +80,23 @@ def test_a_float_unsafe_release_is_caught(scenario: la.LowbitScenario) -> None:
     assert not result.consistent, (
         f"missed: lower bound {result.epsilon_lb:.3f} <= charged {result.charged:.3f}")
     assert result.feature.split()[0] in ("valuation", "tz", "member")
+
+
+#: DP-SGD: one canary slot per trial, 100 slots per release (`experiments.record_audit`).
+RECORD_TRIALS = 2_000
+
+
+@pytest.mark.parametrize("relation", ["add-remove", "replace-one"])
+def test_no_dpsgd_release_is_shown_by_its_low_bits_to_leak_more_than_its_charge(
+    relation: str,
+) -> None:
+    scenario = ra.RecordScenario(f"dpsgd {relation} nu=1", relation, 1.0)
+    result = la.audit_record(scenario, trials=RECORD_TRIALS, seed=1)
+
+    assert result.dtype == "float32"
+    assert result.consistent, (
+        f"{scenario.name}: the test {result.feature!r} bounds ε at {result.epsilon_lb:.3f}, "
+        f"above the charged {result.charged:.3f}: the release leaks")
 
 
 def test_the_bit_features_are_exact() -> None:
