@@ -22,6 +22,11 @@ neighbouring inputs where the bound is hardest to meet: the whole clipped update
 that separates the two centres, and (k = 2) data sets that pick different hypotheses and train
 away from each other.
 
+Every release is the device's own (:func:`client.release.make_release`: the exact release on
+its public grid, the float32 cast and the release invariant; a refusal scores
+:data:`REFUSED_SCORE`), and the scores are not rounded: a test may read any bit of what leaves
+the device (the low-bit audit, :mod:`experiments.lowbit_audit`, reads the bits themselves).
+
 ``charged`` is what a real :class:`~mechanisms.PrivacyLedger` charges for one release of the
 same event; d-privacy is reported per unit of distance (ε_lb and the charge both divided by
 the distance between the two inputs), Gaussian and sign as (ε, δ) at the ledger's δ.
@@ -33,16 +38,19 @@ error. The gap between them is the accounting's slack plus the test's weakness.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 from scipy import optimize, stats
 
+from client.release import ReleasePlan, make_release
 from mechanisms import (
     EuclideanLaplace,
     GaussianMechanism,
@@ -51,18 +59,23 @@ from mechanisms import (
     StochasticSign,
     hypotheses_diameter,
 )
+from mechanisms.invariant import ReleaseRefused
 
 __all__ = [
-    "RESOLUTION",
+    "REFUSED_SCORE",
     "AuditResult",
     "EpsilonBound",
     "Scenario",
     "audit",
+    "choose_test",
     "clopper_pearson",
+    "count_test",
     "epsilon_lower_bound",
     "gaussian",
     "laplace_fixed",
     "laplace_neighbourhood",
+    "release_check_off",
+    "releases",
     "sign",
 ]
 
@@ -117,8 +130,9 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, *, delta: fl
 
     Each side is split at random into halves of equal size. On the first halves every
     threshold (each distinct score) in both directions is tried, and the one with the highest
-    bound is kept; that single test is then counted on the second halves, where its
-    Clopper–Pearson bounds at 1 − (1 − confidence)/2 each make ε_lb hold at ``confidence``.
+    bound is kept (:func:`choose_test`); that single test is then counted on the second halves
+    (:func:`count_test`), where its Clopper–Pearson bounds at 1 − (1 − confidence)/2 each make
+    ε_lb hold at ``confidence``.
 
     Parameters
     ----------
@@ -134,13 +148,29 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, *, delta: fl
     a, b = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
     if a.shape != b.shape or a.ndim != 1 or a.size < 4:
         raise ValueError(f"need two equal 1-D score arrays of >= 4, got {a.shape}, {b.shape}")
-    alpha = 1.0 - confidence
     a, b = rng.permutation(a), rng.permutation(b)
     half = a.size // 2
-    (sel_a, ev_a), (sel_b, ev_b) = (a[:half], a[half:2 * half]), (b[:half], b[half:2 * half])
+    _, threshold, direction = choose_test(a[:half], b[:half], delta=delta,
+                                          confidence=confidence)
+    return count_test(a[half:2 * half], b[half:2 * half], threshold, direction, delta=delta,
+                      confidence=confidence)
+
+
+def choose_test(select_a: np.ndarray, select_b: np.ndarray, *, delta: float,
+                confidence: float = 0.95) -> tuple[float, float, int]:
+    """Choose the threshold test with the highest bound on one half of the scores.
+
+    Returns ``(bound, threshold, direction)``: the test says "b" where
+    ``direction * score > threshold``; ``bound`` is its ε_lb on these very scores (biased
+    upwards by the choice: only :func:`count_test` on other scores gives a valid bound).
+    """
+    a, b = np.asarray(select_a, np.float64), np.asarray(select_b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 2:
+        raise ValueError(f"need two equal 1-D score arrays of >= 2, got {a.shape}, {b.shape}")
+    half, alpha = a.size, 1.0 - confidence
     best = (-math.inf, 0.0, 1)
     for direction in (1, -1):
-        null, alt = np.sort(direction * sel_a), np.sort(direction * sel_b)
+        null, alt = np.sort(direction * a), np.sort(direction * b)
         thresholds = np.unique(np.concatenate([null, alt]))
         if thresholds.size > 4096:  # the tails matter most: keep them all, thin the middle
             keep = np.unique(np.concatenate([thresholds[:512], thresholds[-2048:],
@@ -152,10 +182,19 @@ def epsilon_lower_bound(scores_a: np.ndarray, scores_b: np.ndarray, *, delta: fl
         i = int(np.argmax(eps))
         if eps[i] > best[0]:
             best = (float(eps[i]), float(thresholds[i]), direction)
-    _, threshold, direction = best
-    n = ev_a.size
-    false_pos = int(np.count_nonzero(direction * ev_a > threshold))
-    true_pos = int(np.count_nonzero(direction * ev_b > threshold))
+    return best
+
+
+def count_test(scores_a: np.ndarray, scores_b: np.ndarray, threshold: float, direction: int, *,
+               delta: float, confidence: float = 0.95) -> EpsilonBound:
+    """Count one fixed test (chosen without these scores) and bound ε at ``confidence``."""
+    a, b = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size < 1:
+        raise ValueError(f"need two equal non-empty 1-D score arrays, got {a.shape}, {b.shape}")
+    alpha = 1.0 - confidence
+    n = a.size
+    false_pos = int(np.count_nonzero(direction * a > threshold))
+    true_pos = int(np.count_nonzero(direction * b > threshold))
     low, _ = clopper_pearson(true_pos, n, alpha / 2)
     _, high = clopper_pearson(false_pos, n, alpha / 2)
     value = float(_bound(np.array(true_pos), np.array(false_pos), n, delta, alpha))
@@ -171,7 +210,8 @@ class Scenario:
     ----------
     name : str
     mechanism : Mechanism
-        The real mechanism object whose ``sanitize`` makes every release.
+        The real mechanism object; every release is :func:`client.release.make_release` of
+        a plan of it (:func:`releases`).
     a, b : tuple of (reference, updated)
         The two inputs: the hypothesis each data set picked and the model it trained.
     spread : float
@@ -223,13 +263,37 @@ class AuditResult:
 
 def releases(mechanism: Mechanism, reference: Layers, updated: Layers, *, spread: float,
              trials: int, rng: np.random.Generator) -> np.ndarray:
-    """``trials`` releases of ``mechanism.sanitize``, one flattened row each."""
+    """``trials`` releases through the device's path, one flattened row each (float32).
+
+    Each release is :func:`client.release.make_release` of a plan of ``mechanism`` (its event
+    for this release, ``spread``): the exact release on its grid, the float32 cast and the
+    release invariant, as ``fit`` makes it. A refused release
+    (:class:`~mechanisms.invariant.ReleaseRefused`, after the charge) is a row of NaN.
+    """
+    plan = ReleasePlan(mechanism=mechanism, event=mechanism.event(reference, updated),
+                       spread=spread)
     n = sum(u.size for u in updated)
-    out = np.empty((trials, n))
+    out = np.empty((trials, n), dtype=np.float32)
     for i in range(trials):
-        out[i] = np.concatenate([x.ravel() for x in
-                                 mechanism.sanitize(reference, updated, rng=rng, spread=spread)])
+        try:
+            released = make_release(plan, reference, updated, rng=rng)
+        except ReleaseRefused:
+            out[i] = np.nan
+            continue
+        out[i] = np.concatenate([x.ravel() for x in released])
     return out
+
+
+@contextlib.contextmanager
+def release_check_off() -> Iterator[None]:
+    """Within the block, :func:`client.release.make_release` skips the release invariant.
+
+    For injected errors only: the invariant refuses many of them (a noise below its charge,
+    off its grid) before anything leaves, which is its job; switching it off measures the
+    audit's own power to see them.
+    """
+    with mock.patch("client.release.verify_release", lambda *args, **kwargs: None):
+        yield
 
 
 def charged(mechanism: Mechanism, reference: Layers, updated: Layers, *, delta: float) -> float:
@@ -244,20 +308,18 @@ def charged(mechanism: Mechanism, reference: Layers, updated: Layers, *, delta: 
     return spend.d_privacy if event.family == "d-privacy" else spend.epsilon
 
 
-#: The resolution the scores are rounded to (see :func:`audit`).
-RESOLUTION = 1e-9
+#: The score of a refused release: that of the two inputs' midpoint (any fixed score of an
+#: output is a valid test; the scenarios' inputs lie on their grids, where the law refuses
+#: both alike).
+REFUSED_SCORE = 0.0
 
 
-def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95, seed: int = 0,
-          resolution: float | None = RESOLUTION) -> AuditResult:
+def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95,
+          seed: int = 0) -> AuditResult:
     """Run ``trials`` releases on each input, bound ε, and compare with the ledger's charge.
 
-    ``resolution``: the scores are rounded to this before the test, so that the audit measures
-    the mechanism's law and its accounting. Unrounded, the test can pick the last bit of the
-    release: ``fl(x + ρ)`` lands on a lattice of floats that depends on x (Mironov 2012), and
-    the one-dimensional Laplace pairs here are told apart by it far beyond their ε. That leak
-    of floating-point sampling is real and listed among gpfl's known leaks; ``None`` keeps it
-    in view (the ``empirical-privacy`` experiment shows it).
+    The releases are the device's (:func:`releases`) and their scores are not rounded: the
+    test may read any bit of the float32 release, as a server can.
     """
     noise, split = np.random.default_rng(np.random.SeedSequence([seed, 0])), \
         np.random.default_rng(np.random.SeedSequence([seed, 1]))
@@ -265,9 +327,8 @@ def audit(scenario: Scenario, *, trials: int, confidence: float = 0.95, seed: in
                   rng=noise)
     yb = releases(scenario.mechanism, *scenario.b, spread=scenario.spread, trials=trials,
                   rng=noise)
-    sa, sb = scenario.score(ya), scenario.score(yb)
-    if resolution is not None:
-        sa, sb = np.round(sa / resolution) * resolution, np.round(sb / resolution) * resolution
+    sa, sb = (np.where(np.isnan(y).any(axis=1), REFUSED_SCORE, scenario.score(y))
+              for y in (ya, yb))
     bound = epsilon_lower_bound(sa, sb, delta=scenario.delta, confidence=confidence, rng=split)
     cost = charged(scenario.mechanism, *scenario.a, delta=scenario.delta)
     d = scenario.distance
