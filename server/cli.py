@@ -94,7 +94,8 @@ def _launch(args: argparse.Namespace) -> int:
     from server.rundir import ResumeError
 
     try:
-        result = launch(**_launch_arguments(args), timeout=args.timeout)
+        result = launch(**_launch_arguments(args), timeout=args.timeout,
+                        startup_timeout=args.startup_timeout)
     except (LaunchError, ResumeError) as err:
         print(f"gpfl: launch failed: {err}", file=sys.stderr)
         return 1
@@ -200,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "saved in RUN_DIR (same devices, same ledgers); --run-config may add "
                         "overrides")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds from the submission to the ServerApp's first line before "
+                        "giving up (a run without a round for 3 round deadlines and 2 minutes "
+                        "is given up too)")
     p.set_defaults(func=_launch)
 
     p = sub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode key pairs "

@@ -32,7 +32,7 @@ from server.federation import (
     stream_lines,
     wait_for_port,
 )
-from server.processes import ProcessWatch
+from server.processes import Liveness, ProcessWatch
 from server.raycluster import ray_cluster_env
 from server.results import ROUND_TAG, mark_incomplete, plot_summary
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
@@ -87,6 +87,22 @@ class LaunchResult:
         return self.status in FINISHED
 
 
+#: Seconds from the submission to the ServerApp's first line before a launch gives up: minutes
+#: on a loaded host (importing Flower, torch and scikit-learn took ~5 s idle), far below the
+#: hour-long default ``--timeout``.
+STARTUP_TIMEOUT_S = 600.0
+
+
+def stall_seconds(round_timeout: float) -> float:
+    """Seconds without a round after which a running launch is given up.
+
+    A round waits up to one ``round-timeout`` for its quorum and one for its replies, then
+    validates on the server: three deadlines and two minutes is more than any round that
+    progresses takes.
+    """
+    return 3 * round_timeout + 120.0
+
+
 def _check_writable(folder: Path) -> None:
     """Refuse, at start, a ledger folder the devices could not write.
 
@@ -119,6 +135,7 @@ def launch(
     ray_address: str | None = None,
     superlink_database: bool = False,
     timeout: float = 3600.0,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
     echo: Callable[[str], None] = print,
     on_line: Callable[[str, Federation], None] | None = None,
     node_env: Mapping[int, Mapping[str, str]] | None = None,
@@ -166,6 +183,10 @@ def launch(
         server's checkpoint.
     timeout : float
         Seconds before the run is abandoned (everything is still stopped).
+    startup_timeout : float
+        Seconds from the submission to the ServerApp's first line before the launch is given
+        up (:data:`STARTUP_TIMEOUT_S`). Once it runs, a run with no round for
+        :func:`stall_seconds` (three round deadlines and two minutes) is given up too.
     echo : Callable[[str], None]
         Where the per-round lines go.
     on_line : Callable[[str, Federation], None], optional
@@ -189,6 +210,9 @@ def launch(
     """
     if supernodes < 1:
         raise LaunchError(f"--supernodes must be >= 1, got {supernodes}")
+    if not startup_timeout > 0:
+        raise LaunchError(f"--startup-timeout must be a positive number of seconds, got "
+                          f"{startup_timeout}")
     if auth and simulation:
         raise LaunchError("--auth needs real SuperNodes (the deployment engine)")
     if simulation and ray_address is None:
@@ -258,7 +282,9 @@ def launch(
         return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,
                     policy_file=policy_file, node_env=node_env, keys=keys, auth=auth,
                     app_dir=app_dir, config=config, echo=echo, timeout=timeout,
-                    on_line=on_line, ledger_paths=ledger_paths)
+                    on_line=on_line, ledger_paths=ledger_paths,
+                    liveness=Liveness(startup_timeout, stall_seconds(run_settings.round_timeout),
+                                      fed.serverapp_log))
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on. Stop
         # first (closing twice is harmless): the ServerApp rewrites the summary every round.
@@ -279,7 +305,8 @@ def launch(
 def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
          nodes: dict[int, dict[str, Any]], policy_file: Path, node_env: Any, keys: list[Any],
          auth: bool, app_dir: Path, config: dict[str, Any], echo: Callable[[str], None],
-         timeout: float, on_line: Any, ledger_paths: list[Path]) -> LaunchResult:
+         timeout: float, on_line: Any, ledger_paths: list[Path],
+         liveness: Liveness) -> LaunchResult:
     """Start the federation, run the app, and read its results (:func:`launch`'s body)."""
     if simulation:
         echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
@@ -299,7 +326,8 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
                 ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
     proc = fed.submit(app_dir, config)
     deadline = time.monotonic() + timeout
-    with ProcessWatch(fed.procs, echo, superlink_restarts=fed.database is not None) as watch:
+    with ProcessWatch(fed.procs, echo, superlink_restarts=fed.database is not None,
+                      liveness=liveness) as watch:
         run_id: int | None = None
         seen: set[str] = set()
         restarts = 0
@@ -316,6 +344,7 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
                     continue
                 replay = False
                 seen.add(line)
+                watch.saw(line, ROUND_TAG)
                 if ROUND_TAG in line:
                     echo(line[line.index(ROUND_TAG):])
                 elif "ERROR" in line or "Traceback" in line:
@@ -331,15 +360,17 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
             fed.restart_superlink()
             assert run_id is not None
             proc = fed.follow(run_id)
+            watch.resumed()
     summary_path = out / "summary.json"
     if not summary_path.exists():
-        raise LaunchError(
+        raise LaunchError(watch.stop_reason or (
             f"the run ended (flwr run exit code {proc.returncode}) without writing "
-            f"{summary_path}; see {fed.logs}"
-        )
+            f"{summary_path}; see {fed.logs}"))
     if "superlink" in watch.died:
         reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run" + (
             f" (started again {restarts} time(s) on its database)" if restarts else "")
+    elif watch.stop_reason is not None:
+        reason = watch.stop_reason
     elif watch.serverapp_gone:
         reason = f"the ServerApp exited during the run (its process ended; see {fed.logs})"
     else:
@@ -350,6 +381,9 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
     # The devices first: a release in flight when the run ended (a SuperLink killed
     # mid-round) is charged on the device a moment later, and must be in the report.
     fed.stop_supernodes()
+    if watch.stop_reason is not None and not summary.get("last_round"):
+        # Nothing ran, so nothing can be resumed: the launch failed, and says why.
+        raise LaunchError(watch.stop_reason)
     summary = add_ledgers(out, summary, ledger_paths)
     figure = plot_summary(summary, out / "figure.png")
     if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
