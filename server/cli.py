@@ -46,6 +46,10 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
 EXIT_INCOMPLETE = 3
 #: ``gpfl launch`` exit status of a run whose devices refused its hypotheses (not resumable).
 EXIT_DIVERGED = 4
+#: ``gpfl launch`` exit status of a run whose devices stopped for their caps (budget-exhausted).
+EXIT_BUDGET = 5
+#: ``gpfl launch`` exit status of a run where most devices failed every round (devices-failed).
+EXIT_DEVICES_FAILED = 6
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
                        "engine", "app_defaults", "ray_address", "superlink_database")
@@ -103,9 +107,16 @@ def _launch(args: argparse.Namespace) -> int:
         print("gpfl: interrupted; every process was stopped", file=sys.stderr)
         return 130
     print(describe(result))
-    if result.status == "diverged":
-        return EXIT_DIVERGED
-    return 0 if result.finished else EXIT_INCOMPLETE
+    return exit_status(result.status, result.finished)
+
+
+def exit_status(status: str, finished: bool) -> int:
+    """Return ``gpfl launch``'s exit status for a run's status."""
+    codes = {"diverged": EXIT_DIVERGED, "budget-exhausted": EXIT_BUDGET,
+             "devices-failed": EXIT_DEVICES_FAILED}
+    if status in codes:
+        return codes[status]
+    return 0 if finished else EXIT_INCOMPLETE
 
 
 def _ledger(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ from types import FrameType
 from typing import Any
 
 from client.policy import POLICY_ENV
+from mechanisms import make_rng
+from server.budget import DeviceBudget, budget_lines, plan_budgets, shapes_of
 from server.checkpoint import CHECKPOINT_NAME
 from server.federation import (
     CONNECTION,
@@ -34,9 +36,9 @@ from server.federation import (
 )
 from server.processes import Liveness, ProcessWatch
 from server.raycluster import ray_cluster_env
-from server.results import ROUND_TAG, mark_incomplete, plot_summary
+from server.results import ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
-from server.settings import check_launch
+from server.settings import RunSettings, check_launch
 from server.superlink_state import (
     STARTED,
     SUPERLINK_DATABASE,
@@ -44,6 +46,7 @@ from server.superlink_state import (
     superlink_restartable,
 )
 from settings import SettingError
+from tasks import load_task
 
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
 __all__ = [
@@ -101,6 +104,29 @@ def stall_seconds(round_timeout: float) -> float:
     progresses takes.
     """
     return 3 * round_timeout + 120.0
+
+
+def _plan_budgets(settings: RunSettings, config: Mapping[str, Any],
+                  nodes: Mapping[int, Mapping[str, Any]], policy_file: Path,
+                  echo: Callable[[str], None]) -> list[DeviceBudget]:
+    """Print what a release costs each device and how many its cap pays; refuse if none can.
+
+    Each device's settings are resolved as the device resolves them, against the launch
+    policy file it will read (:mod:`server.budget`).
+    """
+    task = load_task(settings.task_config())
+    shapes = shapes_of(task.initial_hypotheses(1, make_rng(settings.seed))[0])
+    plans = plan_budgets(config, {i: {"policy-file": str(policy_file), **node}
+                                  for i, node in nodes.items()}, shapes)
+    for line in budget_lines(plans):
+        echo(line)
+    if plans and all(p.releases == 0 for p in plans):
+        p = plans[0]
+        raise LaunchError(
+            f"{p.cap_setting}={p.cap:.6g} cannot pay one round: one release costs "
+            f"{p.cost:.6g} {p.unit} and the devices have spent {p.spent:.6g}; raise "
+            f"{p.cap_setting} (--policy or --node-config) or noise-multiplier")
+    return plans
 
 
 def _check_writable(folder: Path) -> None:
@@ -260,6 +286,7 @@ def launch(
     policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())
     for path in ledger_paths:
         _check_writable(path.parent)
+    plans = [] if simulation else _plan_budgets(run_settings, config, nodes, policy_file, echo)
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -284,7 +311,7 @@ def launch(
                     app_dir=app_dir, config=config, echo=echo, timeout=timeout,
                     on_line=on_line, ledger_paths=ledger_paths,
                     liveness=Liveness(startup_timeout, stall_seconds(run_settings.round_timeout),
-                                      fed.serverapp_log))
+                                      fed.serverapp_log), plans=plans)
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on. Stop
         # first (closing twice is harmless): the ServerApp rewrites the summary every round.
@@ -306,7 +333,7 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
          nodes: dict[int, dict[str, Any]], policy_file: Path, node_env: Any, keys: list[Any],
          auth: bool, app_dir: Path, config: dict[str, Any], echo: Callable[[str], None],
          timeout: float, on_line: Any, ledger_paths: list[Path],
-         liveness: Liveness) -> LaunchResult:
+         liveness: Liveness, plans: list[DeviceBudget]) -> LaunchResult:
     """Start the federation, run the app, and read its results (:func:`launch`'s body)."""
     if simulation:
         echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
@@ -362,6 +389,9 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
             proc = fed.follow(run_id)
             watch.resumed()
     summary_path = out / "summary.json"
+    status = (json.loads(summary_path.read_text()).get("status", "running")
+              if summary_path.exists() else "running")
+    watch.after_stream(finished=status != "running")
     if not summary_path.exists():
         raise LaunchError(watch.stop_reason or (
             f"the run ended (flwr run exit code {proc.returncode}) without writing "
@@ -385,8 +415,12 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
         # Nothing ran, so nothing can be resumed: the launch failed, and says why.
         raise LaunchError(watch.stop_reason)
     summary = add_ledgers(out, summary, ledger_paths)
+    if plans:
+        summary = {**summary, "budget_plan": {p.name: p.to_dict() for p in plans}}
+        write_json_atomic(out / "summary.json", summary)
     figure = plot_summary(summary, out / "figure.png")
-    if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
+    if summary.get("rounds_completed", 0) == 0 and summary.get("status") not in (
+            "incomplete", "budget-exhausted", "devices-failed"):
         raise LaunchError(
             f"no round completed (every client failed or declined); see the SuperNode "
             f"logs in {fed.logs}"
@@ -428,8 +462,14 @@ def describe(result: LaunchResult) -> str:
     if result.died:
         lines.append("gpfl: exited during the run: " + ", ".join(
             f"{name} (code {code})" for name, code in sorted(result.died.items())))
+    failing = s.get("devices", {}).get("failing") or {}
+    if failing and result.status != "devices-failed":
+        lines.append("gpfl: devices that failed every round they were asked: " + ", ".join(
+            f"{name} ({kind})" for name, kind in failing.items()))
     if result.status == "diverged":
         lines.append(f"gpfl: run diverged: {s.get('incomplete_reason')}")
+    elif result.status in ("budget-exhausted", "devices-failed"):
+        lines.append(f"gpfl: run {result.status}: {s.get('incomplete_reason')}")
     elif not result.finished:
         lines.append(f"gpfl: run incomplete: {s.get('incomplete_reason')}; continue it with "
                      f"`gpfl launch --resume {result.out_dir}`")

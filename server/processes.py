@@ -297,6 +297,30 @@ class ProcessWatch:
             self.echo("gpfl: the ServerApp exited before the run ended; the run cannot go on")
             self._end_stream()
 
+    def after_stream(self, finished: bool) -> None:
+        """Say why the run's stream ended, when the ServerApp did not end it (``finished``).
+
+        Flower's SuperLink ends a run whose ServerApp sent no heartbeat within its window (60 s;
+        30 s before the first) while that process may still be alive, held up: the stream then
+        ends first. The ServerApp is given :data:`SERVERAPP_GRACE_S` to end on its own (a
+        refused one ends with :data:`EXIT_REFUSED` at once).
+        """
+        own = self.procs.procs.get(SERVERAPP)
+        if finished or self.stop_reason is not None or own is None or "superlink" in self.died:
+            return
+        try:
+            own.wait(timeout=SERVERAPP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.stop_reason = (
+                "the SuperLink ended the run: its ServerApp sent no heartbeat within Flower's "
+                "window (30 s after its claim, 60 s between two) and is still held up (an "
+                "overloaded host, or a stopped process); try again when the host is less "
+                "busy, or with fewer --supernodes")
+            return
+        log = self.liveness.log if self.liveness else None
+        if own.returncode == EXIT_REFUSED or _log_has(log, "401 Unauthorized"):
+            self.stop_reason = refused_reason(log)
+
     def _check_progress(self) -> None:
         if self.liveness is None or not self._stream_running():
             return
@@ -339,9 +363,10 @@ def refused_reason(log: Path | None) -> str:
             lines = []
         if lines:
             detail = lines[-1].split(REFUSED_MARK, 1)[1].lstrip(": ")
-    return ("the SuperLink refused the ServerApp (Runtime task-token authentication failed"
-            + (f": {detail}" if detail else "") + "); try again when the host is less busy, "
-            "or with fewer --supernodes")
+    return ("the SuperLink refused the ServerApp (Runtime task-token authentication failed: "
+            + (detail or "its token expired, no heartbeat having reached the SuperLink within "
+               "Flower's window") + "); try again when the host is less busy, or with fewer "
+            "--supernodes")
 
 
 def _reap(proc: subprocess.Popen[Any]) -> None:
