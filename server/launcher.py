@@ -20,7 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from client.policy import POLICY_ENV
+from client.policy import POLICY_ENV, PolicyError
 from mechanisms import make_rng
 from server.budget import DeviceBudget, budget_lines, plan_budgets, shapes_of
 from server.checkpoint import CHECKPOINT_NAME
@@ -257,6 +257,10 @@ def launch(
     config["out-dir"] = str(out)
     if auth:  # the SuperLink binds each key to one node id, the device (strategies.identity)
         config.setdefault("node-identity", "key")
+    if policy and "policy-file" in policy:
+        raise LaunchError(f"policy-file={policy['policy-file']!r} cannot be part of --policy: "
+                          "the launch policy is itself the devices' policy file; give the file "
+                          "as --policy FILE.toml")
     device_policy = {"ledger-dir": str(out / "ledgers"), **(policy or {})}
     nodes = {i: {"partition-id": i, "num-partitions": supernodes,
                  **(node_configs or {}).get(i, {})} for i in range(supernodes)}
@@ -283,10 +287,14 @@ def launch(
                       "tls": tls, "auth": auth, "simulation": simulation,
                       "ray_address": ray_address, "superlink_database": superlink_database,
                       "node_env": node_env})
-    policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())
-    for path in ledger_paths:
-        _check_writable(path.parent)
-    plans = [] if simulation else _plan_budgets(run_settings, config, nodes, policy_file, echo)
+    try:
+        policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())
+        for path in ledger_paths:
+            _check_writable(path.parent)
+        plans = [] if simulation else _plan_budgets(run_settings, config, nodes, policy_file,
+                                                    echo)
+    except PolicyError as err:  # a policy file a node config names: unreadable, bad values
+        raise LaunchError(str(err)) from None
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:

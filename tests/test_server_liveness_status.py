@@ -191,3 +191,52 @@ def test_a_refused_serverapp_ends_the_run_at_once_with_its_line(tmp_path: Path) 
         assert "71 s after" in watch.stop_reason and "\n" not in watch.stop_reason
     finally:
         assert procs.stop_all() == []
+
+
+def test_gpfl_certs_tells_device_owners_to_run_gpfl_supernode(tmp_path: Path) -> None:
+    from server.certs import describe_deployment, make_deployment
+
+    text = describe_deployment(make_deployment(tmp_path, ["fl.example.org"], 2, days=1,
+                                               local=True))
+    commands = [line.strip() for line in text.splitlines()
+                if "supernode" in line and "register" not in line]
+    assert any(c.startswith("gpfl supernode --root-certificates ca.crt") for c in commands)
+    assert any(c.startswith("device 1: gpfl supernode") for c in commands)
+    assert not any(c.startswith(("flower-supernode", "device 0: flower-supernode"))
+                   for c in commands)
+
+
+@pytest.mark.parametrize(("node_config", "expected"), [
+    ({"ledger-dir": ""}, "ledger-dir in the node config of SuperNode 0: must name a folder"),
+    ({"ledger-dir": "ledgers"}, "ledger-dir in the node config of SuperNode 0: must be an "
+                                "absolute path"),
+    ({"ledger-path": "a.json"}, "ledger-path in the node config of SuperNode 0: must be an "
+                                "absolute path"),
+    ({"policy-file": "/nonexistent/policy.toml"},
+     "policy-file /nonexistent/policy.toml does not exist"),
+])
+def test_a_bad_ledger_location_or_policy_file_fails_the_launch_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], node_config: dict[str, Any],
+    expected: str,
+) -> None:
+    # Through the command line, as a user meets it: one line, exit 1, nothing started.
+    items = " ".join(f'{k}="{v}"' for k, v in node_config.items())
+    code = cli.main(["launch", "--supernodes", "1", "--out", str(tmp_path / "run"),
+                     "--node-config", f"0:{items}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and err.startswith("gpfl: launch failed: ") and expected in err, err
+    assert "\n" not in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_a_bad_policy_file_in_a_node_config_fails_the_launch_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('mechanisms = "gaussian"\ncap-epsilon = "lots"\n')
+    code = cli.main(["launch", "--supernodes", "1", "--out", str(tmp_path / "run"),
+                     "--node-config", f'0:policy-file="{policy}"'])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "\n" not in err
+    assert err == (f"gpfl: launch failed: cap-epsilon must be a number >= 0 in the policy file "
+                   f"{policy}, got cap-epsilon='lots'")
