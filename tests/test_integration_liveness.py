@@ -12,7 +12,10 @@ and nothing left running (by PID).
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -175,4 +178,36 @@ def test_a_serverapp_that_never_starts_ends_the_launch_at_its_startup_deadline(
     assert deadline <= took < deadline + 45
     assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
                    for pid in holder.seen)
+    assert flower_processes() == []
+
+
+#: CPU hogs started beside the launch: on 2 cores, four busy processes at the federation's own
+#: priority leave it about a third of the machine.
+HOGS = 4
+
+
+@pytest.mark.timeout(300)
+def test_a_small_launch_completes_with_cpu_hogs_beside_it(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: busy loops, each its own process, for the whole launch.
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
+
+    # Execute
+    started = time.monotonic()
+    try:
+        result = launch(supernodes=2, out_dir=tmp_path / "run", echo=lambda _: None,
+                        timeout=240, run_config=RUN_CONFIG)
+    finally:
+        load = os.getloadavg()[0]
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    took = time.monotonic() - started
+
+    # Assert: the launch completed, slower, with one ServerApp for the run.
+    assert result.status == "complete" and result.summary["last_round"] == 2
+    log = (tmp_path / "run" / "logs" / "serverapp.log").read_text(errors="replace")
+    assert log.count(CLAIMED_MARK) == 1
+    print(f"{HOGS} CPU hogs (load average {load:.1f}): the launch completed in {took:.1f} s")
     assert flower_processes() == []
