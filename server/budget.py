@@ -129,7 +129,7 @@ def _plan_one(settings: ClientSettings, event: PrivacyEvent, rounds: int) -> Dev
 
 
 def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str, Any]],
-                 shapes: list[tuple[int, ...]]) -> list[DeviceBudget]:
+                 shapes: list[tuple[int, ...]], done: int = 0) -> list[DeviceBudget]:
     """Return each device's budget for the run, in SuperNode order.
 
     Parameters
@@ -140,9 +140,11 @@ def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str,
         Each SuperNode's node config, with its ``policy-file``.
     shapes : list of tuple of int
         The shapes of one hypothesis's layers (the task's model).
+    done : int
+        Rounds a resumed run has already done (they are not asked again).
     """
     zeros = [np.zeros(shape, dtype=np.float32) for shape in shapes]
-    rounds = int(run_config.get("num-rounds", 0) or 0)
+    rounds = max(0, int(run_config.get("num-rounds", 0) or 0) - done)
     plans: list[DeviceBudget] = []
     cache: dict[tuple[Any, ...], PrivacyEvent] = {}
     for _, node in sorted(nodes.items()):
@@ -192,11 +194,12 @@ def budget_lines(plans: list[DeviceBudget]) -> list[str]:
             f"{setting}={_number(cap)} (spent {_number(spent)}) pays {paid} more; "
             f"the run asks for {rounds} rounds")
         if releases is not None and releases < rounds:
+            what = (f"pays {releases} of the {rounds} rounds: after that the device declines"
+                    if releases else "pays no round: the device declines every one")
             lines.append(
-                f"gpfl: budget of {who}: {setting}={_number(cap)} pays {releases} of the "
-                f"{rounds} rounds: after that the device declines; raise {setting} (its node "
-                "config or --policy), raise noise-multiplier (less cost a release), or lower "
-                "num-rounds")
+                f"gpfl: budget of {who}: {setting}={_number(cap)} {what}; raise {setting} (its "
+                "node config or --policy), raise noise-multiplier (a release then costs less), "
+                "or lower num-rounds")
     return lines
 
 

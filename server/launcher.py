@@ -116,11 +116,18 @@ def _plan_budgets(settings: RunSettings, config: Mapping[str, Any],
     """
     task = load_task(settings.task_config())
     shapes = shapes_of(task.initial_hypotheses(1, make_rng(settings.seed))[0])
+    done = 0
+    if settings.resume_from is not None:  # a resumed run asks only for the rounds left
+        try:
+            done = int(json.loads((settings.resume_from / "summary.json").read_text())
+                       .get("last_round", 0))
+        except (OSError, ValueError):
+            done = 0
     plans = plan_budgets(config, {i: {"policy-file": str(policy_file), **node}
-                                  for i, node in nodes.items()}, shapes)
+                                  for i, node in nodes.items()}, shapes, done)
     for line in budget_lines(plans):
         echo(line)
-    if plans and all(p.releases == 0 for p in plans):
+    if plans and all(p.releases == 0 for p in plans) and plans[0].rounds > 0:
         p = plans[0]
         raise LaunchError(
             f"{p.cap_setting}={p.cap:.6g} cannot pay one round: one release costs "
