@@ -197,6 +197,8 @@ class ProcessWatch:
         #: Whether the ServerApp wrote its first ``[gpfl]`` line; how many round lines since.
         self.started = False
         self.rounds_seen = 0
+        #: The round number of the last round line ("" before the first).
+        self.last_round = ""
         self._last_progress = time.monotonic()
         self._serverapp_seen = False
         self._serverapp_missing_since: float | None = None
@@ -230,6 +232,7 @@ class ProcessWatch:
                 self._last_progress = time.monotonic()
             elif f"{tag} round " in line:
                 self.rounds_seen += 1
+                self.last_round = line.split(f"{tag} round ", 1)[1].split("/", 1)[0]
                 self._last_progress = time.monotonic()
 
     def resumed(self) -> None:
@@ -326,7 +329,7 @@ class ProcessWatch:
             return
         with self._lock:
             quiet = time.monotonic() - self._last_progress
-            started, rounds = self.started, self.rounds_seen
+            started, last = self.started, self.last_round
         if not started and quiet >= self.liveness.startup_s:
             claimed = _log_has(self.liveness.log, CLAIMED_MARK)
             self.stop_reason = (
@@ -335,7 +338,7 @@ class ProcessWatch:
                 "line): the host is too slow or overloaded; try again when it is "
                 "less busy, with fewer --supernodes, or with a longer --startup-timeout")
         elif started and quiet >= self.liveness.stall_s:
-            after = f"round {rounds}'s line" if rounds else "the ServerApp started"
+            after = f"round {last}'s line" if last else "the ServerApp started"
             self.stop_reason = (
                 f"no round finished within {self.liveness.stall_s:.0f} s after {after} "
                 "(3 round deadlines and 2 minutes): the ServerApp or its devices stopped "
