@@ -240,3 +240,10 @@ def test_a_bad_policy_file_in_a_node_config_fails_the_launch_naming_the_key(
     assert code == 1 and "\n" not in err
     assert err == (f"gpfl: launch failed: cap-epsilon must be a number >= 0 in the policy file "
                    f"{policy}, got cap-epsilon='lots'")
+
+
+def test_the_command_line_start_up_deadline_is_the_launchers() -> None:
+    from server.launcher import STARTUP_TIMEOUT_S
+
+    args = cli.build_parser().parse_args(["launch"])
+    assert args.startup_timeout == STARTUP_TIMEOUT_S
