@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.launcher import LaunchError, launch
+from server.launcher import LaunchError, describe, launch
 from server.processes import CLAIMED_MARK
 from tests.conftest import flower_processes
 
@@ -151,6 +151,40 @@ def test_a_serverapp_held_past_the_window_after_its_claim_ends_the_launch_with_i
     print(f"held {hold:.0f} s after its claim; the launch ended {after_hold:.1f} s after the "
           f"hold began: {message}")
     assert after_hold < WINDOW_S + 30
+    assert flower_processes() == []
+
+
+@pytest.mark.timeout(300)
+def test_a_serverapp_held_mid_run_leaves_the_run_incomplete_and_resumable(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: once round 1 is recorded, the ServerApp is stopped for good (past Flower's
+    # heartbeat window: the SuperLink ends the run while the process is still there).
+    seen_round: list[float] = []
+
+    def after_round_1(line: str, fed: object) -> None:
+        if "[gpfl] round 1/" in line and not seen_round:
+            seen_round.append(time.monotonic())
+
+    # Execute
+    with Holder(3600, ready=lambda pid: bool(seen_round)) as holder:
+        result = launch(supernodes=2, out_dir=tmp_path / "run", echo=lambda _: None,
+                        timeout=240, run_config={**RUN_CONFIG, "num-rounds": 30},
+                        on_line=after_round_1)
+    ended = time.monotonic()
+
+    # Assert: incomplete after round 1, the reason in one line, resumable; within Flower's
+    # window and the launcher's grace of the hold.
+    after_hold = ended - next(iter(holder.held.values()))
+    reason = result.summary["incomplete_reason"]
+    print(f"held mid-run; the launch ended {after_hold:.1f} s after the hold began: {reason}")
+    assert result.status == "incomplete" and result.summary["last_round"] >= 1
+    assert "heartbeat" in reason and "try again" in reason and "\n" not in reason
+    assert "gpfl launch --resume" in describe(result)
+    assert len(holder.seen) == 1
+    # Flower's window, its lazy expiry and the stream's end, the launcher's 8 s grace and the
+    # 5 s a stopped process takes to be killed (79 s measured).
+    assert after_hold < WINDOW_S + 40
     assert flower_processes() == []
 
 
