@@ -64,6 +64,7 @@ from mechanisms import (
 from tasks import Task, TaskDataError, declared_shapes, preflight_task
 
 __all__ = [
+    "FAILURE_TAG",
     "RELEASE_FAILED",
     "TASK_DATA_DECLINED",
     "GpflClient",
@@ -91,11 +92,27 @@ TASK_DATA_DECLINED = (
 _FEDERATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-class ReleaseFailedError(RuntimeError):
-    """A failure once the round was charged; its message is always :data:`RELEASE_FAILED`."""
+#: The public tag a failure carries after :data:`RELEASE_FAILED`: the device's ``client-name``
+#: (every reply of it carries the name anyway) and the failure's class, so that the server can
+#: name a device that fails every round (it never sends a reply with its name).
+FAILURE_TAG = "[device={name} class={kind}]"
 
-    def __init__(self) -> None:
-        super().__init__(RELEASE_FAILED)
+
+class ReleaseFailedError(RuntimeError):
+    """A failure of the private part of a round: :data:`RELEASE_FAILED` and :data:`FAILURE_TAG`.
+
+    Parameters
+    ----------
+    name : str
+        The device's ``client-name``.
+    kind : str
+        ``ledger`` (the privacy ledger is unusable: nothing was charged or released) or
+        ``release`` (the round failed after its charge). Nothing else is said.
+    """
+
+    def __init__(self, name: str = "", kind: str = "release") -> None:
+        tag = FAILURE_TAG.format(name=name, kind=kind) if name else ""
+        super().__init__(f"{RELEASE_FAILED} {tag}".rstrip())
 
 
 def train_rng(seed: int | None, *keys: int) -> np.random.Generator:
@@ -252,7 +269,7 @@ class GpflClient(NumPyClient):
                                      round=server_round, federation=federation)
         except LedgerCorruptError:
             logger.exception("%s: the privacy ledger is unusable; nothing is released", s.name)
-            raise ReleaseFailedError() from None
+            raise ReleaseFailedError(s.name, "ledger") from None
         except BudgetExceededError as err:
             ledger.record_decline()
             logger.warning("%s declines round %d: %s", s.name, server_round, err)
@@ -270,7 +287,7 @@ class GpflClient(NumPyClient):
             # Charged, and private data was in use: the text of any error could carry it. The
             # device keeps the details; the server learns only that the round failed.
             logger.exception("%s: round %d failed (charged)", s.name, server_round)
-            raise ReleaseFailedError() from None
+            raise ReleaseFailedError(s.name, "release") from None
         return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
 
     def _public_shapes(self) -> list[tuple[int, ...]] | None:

@@ -256,7 +256,11 @@ def describe_deployment(dep: Deployment) -> str:
         f"      --ssl-keyfile {t.server_key} [--enable-supernode-auth] ...",
         "",
         f"Every SuperNode and every `flwr` user gets the CA certificate only: {t.ca_cert}",
-        "  flower-supernode --root-certificates ca.crt --superlink <server>:9092 ...",
+        "  gpfl supernode --root-certificates ca.crt --superlink <server>:9092 \\",
+        "      --node-config 'partition-id=0 num-partitions=N "
+        "policy-file=\"/etc/gpfl/policy.toml\"'",
+        "  (the gpfl client installed on the device serves the run; plain flower-supernode",
+        "  would run the app code the server sends)",
         "  ~/.flwr/config.toml:  [superlink.<name>]  address = \"<server>:8000\"",
         "                        root-certificates = \"/path/to/ca.crt\"",
     ]
@@ -267,7 +271,7 @@ def describe_deployment(dep: Deployment) -> str:
             "  copy each private key to its device only, and register its public key:",
         ]
         for i, k in enumerate(dep.supernodes):
-            lines.append(f"  device {i}: flower-supernode ... --auth-supernode-private-key "
+            lines.append(f"  device {i}: gpfl supernode ... --auth-supernode-private-key "
                          f"{k.private_key.name}")
             lines.append(f"            flwr supernode register {k.public_key} <connection>")
     return "\n".join(lines)

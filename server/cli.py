@@ -46,6 +46,10 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
 EXIT_INCOMPLETE = 3
 #: ``gpfl launch`` exit status of a run whose devices refused its hypotheses (not resumable).
 EXIT_DIVERGED = 4
+#: ``gpfl launch`` exit status of a run whose devices stopped for their caps (budget-exhausted).
+EXIT_BUDGET = 5
+#: ``gpfl launch`` exit status of a run where most devices failed every round (devices-failed).
+EXIT_DEVICES_FAILED = 6
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
                        "engine", "app_defaults", "ray_address", "superlink_database")
@@ -94,7 +98,8 @@ def _launch(args: argparse.Namespace) -> int:
     from server.rundir import ResumeError
 
     try:
-        result = launch(**_launch_arguments(args), timeout=args.timeout)
+        result = launch(**_launch_arguments(args), timeout=args.timeout,
+                        startup_timeout=args.startup_timeout)
     except (LaunchError, ResumeError) as err:
         print(f"gpfl: launch failed: {err}", file=sys.stderr)
         return 1
@@ -102,9 +107,16 @@ def _launch(args: argparse.Namespace) -> int:
         print("gpfl: interrupted; every process was stopped", file=sys.stderr)
         return 130
     print(describe(result))
-    if result.status == "diverged":
-        return EXIT_DIVERGED
-    return 0 if result.finished else EXIT_INCOMPLETE
+    return exit_status(result.status, result.finished)
+
+
+def exit_status(status: str, finished: bool) -> int:
+    """Return ``gpfl launch``'s exit status for a run's status."""
+    codes = {"diverged": EXIT_DIVERGED, "budget-exhausted": EXIT_BUDGET,
+             "devices-failed": EXIT_DEVICES_FAILED}
+    if status in codes:
+        return codes[status]
+    return 0 if finished else EXIT_INCOMPLETE
 
 
 def _ledger(args: argparse.Namespace) -> int:
@@ -200,6 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "saved in RUN_DIR (same devices, same ledgers); --run-config may add "
                         "overrides")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
+    p.add_argument("--startup-timeout", type=float, default=600.0,
+                   help="seconds from the submission to the ServerApp's first line before "
+                        "giving up (a run without a round for 3 round deadlines and 2 minutes "
+                        "is given up too)")
     p.set_defaults(func=_launch)
 
     p = sub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode key pairs "

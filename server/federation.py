@@ -13,6 +13,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -23,7 +24,7 @@ from typing import Any
 
 from server.certs import TlsFiles
 from server.fab import stage_app
-from server.processes import ProcessSet, bin_dir, child_env
+from server.processes import SERVERAPP, ProcessSet, bin_dir, child_env
 from settings.pairs import format_pairs
 
 logger = logging.getLogger(__name__)
@@ -190,7 +191,9 @@ class Federation:
             argv.append("--simulation")
         else:
             self.fleet_port = self.fleet_port or free_port()
-            argv += ["--fleet-api-address", f"127.0.0.1:{self.fleet_port}"]
+            # No SuperExec: the launcher starts the run's ServerApp itself (submit).
+            argv += ["--fleet-api-address", f"127.0.0.1:{self.fleet_port}",
+                     "--isolation", "process"]
         self._superlink_args = (list(extra_args or []), simulation_supernodes)
         proc = self.procs.start("superlink", [*argv, *(extra_args or [])], log,
                                 env=child_env(self._env()))
@@ -295,7 +298,28 @@ class Federation:
         if run_config:
             argv += ["--run-config", format_pairs(run_config)]
         self.logs.mkdir(parents=True, exist_ok=True)
+        if self.fleet_port:  # the deployment engine: its SuperLink starts no ServerApp
+            self.start_serverapp()
         return self._stream(argv)
+
+    def start_serverapp(self) -> None:
+        """Start the ServerApp process of the next run (:mod:`server.serverapp_runner`).
+
+        It imports Flower, then claims the run the SuperLink holds and serves it; one process
+        a run (a previous run's, if still running, is stopped first). Its log:
+        ``logs/serverapp.log``.
+        """
+        self.procs.stop(SERVERAPP)
+        argv = [sys.executable, "-m", "server.serverapp_runner",
+                "--runtime-api-address", f"127.0.0.1:{self.control_port}"]
+        if self.tls is not None:
+            argv += ["--root-certificates", str(self.tls.ca_cert)]
+        self.procs.start(SERVERAPP, argv, self.serverapp_log, env=child_env(self._env()))
+
+    @property
+    def serverapp_log(self) -> Path:
+        """The log of the launcher's ServerApp process (:meth:`start_serverapp`)."""
+        return self.logs / "serverapp.log"
 
     def _stream(self, argv: list[str]) -> subprocess.Popen[str]:
         """Start a ``flwr`` command whose output the launcher reads, as the ``flwr-run`` process."""

@@ -20,7 +20,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from client.policy import POLICY_ENV
+from client.policy import POLICY_ENV, PolicyError
+from mechanisms import make_rng
+from server.budget import DeviceBudget, budget_lines, plan_budgets, shapes_of
 from server.checkpoint import CHECKPOINT_NAME
 from server.federation import (
     CONNECTION,
@@ -32,11 +34,11 @@ from server.federation import (
     stream_lines,
     wait_for_port,
 )
-from server.processes import ProcessWatch
+from server.processes import Liveness, ProcessWatch
 from server.raycluster import ray_cluster_env
-from server.results import ROUND_TAG, mark_incomplete, plot_summary
+from server.results import ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
-from server.settings import check_launch
+from server.settings import RunSettings, check_launch
 from server.superlink_state import (
     STARTED,
     SUPERLINK_DATABASE,
@@ -44,6 +46,7 @@ from server.superlink_state import (
     superlink_restartable,
 )
 from settings import SettingError
+from tasks import load_task
 
 #: Federation and its helpers are re-exported: tests and experiments drive both from here.
 __all__ = [
@@ -87,6 +90,52 @@ class LaunchResult:
         return self.status in FINISHED
 
 
+#: Seconds from the submission to the ServerApp's first line before a launch gives up: minutes
+#: on a loaded host (importing Flower, torch and scikit-learn took ~5 s idle), far below the
+#: hour-long default ``--timeout``.
+STARTUP_TIMEOUT_S = 600.0
+
+
+def stall_seconds(round_timeout: float) -> float:
+    """Seconds without a round after which a running launch is given up.
+
+    A round waits up to one ``round-timeout`` for its quorum and one for its replies, then
+    validates on the server: three deadlines and two minutes is more than any round that
+    progresses takes.
+    """
+    return 3 * round_timeout + 120.0
+
+
+def _plan_budgets(settings: RunSettings, config: Mapping[str, Any],
+                  nodes: Mapping[int, Mapping[str, Any]], policy_file: Path,
+                  echo: Callable[[str], None]) -> list[DeviceBudget]:
+    """Print what a release costs each device and how many its cap pays; refuse if none can.
+
+    Each device's settings are resolved as the device resolves them, against the launch
+    policy file it will read (:mod:`server.budget`).
+    """
+    task = load_task(settings.task_config())
+    shapes = shapes_of(task.initial_hypotheses(1, make_rng(settings.seed))[0])
+    done = 0
+    if settings.resume_from is not None:  # a resumed run asks only for the rounds left
+        try:
+            done = int(json.loads((settings.resume_from / "summary.json").read_text())
+                       .get("last_round", 0))
+        except (OSError, ValueError):
+            done = 0
+    plans = plan_budgets(config, {i: {"policy-file": str(policy_file), **node}
+                                  for i, node in nodes.items()}, shapes, done)
+    for line in budget_lines(plans):
+        echo(line)
+    if plans and all(p.releases == 0 for p in plans) and plans[0].rounds > 0:
+        p = plans[0]
+        raise LaunchError(
+            f"{p.cap_setting}={p.cap:.6g} cannot pay one round: one release costs "
+            f"{p.cost:.6g} {p.unit} and the devices have spent {p.spent:.6g}; raise "
+            f"{p.cap_setting} (--policy or --node-config) or noise-multiplier")
+    return plans
+
+
 def _check_writable(folder: Path) -> None:
     """Refuse, at start, a ledger folder the devices could not write.
 
@@ -119,6 +168,7 @@ def launch(
     ray_address: str | None = None,
     superlink_database: bool = False,
     timeout: float = 3600.0,
+    startup_timeout: float = STARTUP_TIMEOUT_S,
     echo: Callable[[str], None] = print,
     on_line: Callable[[str, Federation], None] | None = None,
     node_env: Mapping[int, Mapping[str, str]] | None = None,
@@ -166,6 +216,10 @@ def launch(
         server's checkpoint.
     timeout : float
         Seconds before the run is abandoned (everything is still stopped).
+    startup_timeout : float
+        Seconds from the submission to the ServerApp's first line before the launch is given
+        up (:data:`STARTUP_TIMEOUT_S`). Once it runs, a run with no round for
+        :func:`stall_seconds` (three round deadlines and two minutes) is given up too.
     echo : Callable[[str], None]
         Where the per-round lines go.
     on_line : Callable[[str, Federation], None], optional
@@ -189,6 +243,9 @@ def launch(
     """
     if supernodes < 1:
         raise LaunchError(f"--supernodes must be >= 1, got {supernodes}")
+    if not startup_timeout > 0:
+        raise LaunchError(f"--startup-timeout must be a positive number of seconds, got "
+                          f"{startup_timeout}")
     if auth and simulation:
         raise LaunchError("--auth needs real SuperNodes (the deployment engine)")
     if simulation and ray_address is None:
@@ -207,6 +264,10 @@ def launch(
     config["out-dir"] = str(out)
     if auth:  # the SuperLink binds each key to one node id, the device (strategies.identity)
         config.setdefault("node-identity", "key")
+    if policy and "policy-file" in policy:
+        raise LaunchError(f"policy-file={policy['policy-file']!r} cannot be part of --policy: "
+                          "the launch policy is itself the devices' policy file; give the file "
+                          "as --policy FILE.toml")
     device_policy = {"ledger-dir": str(out / "ledgers"), **(policy or {})}
     nodes = {i: {"partition-id": i, "num-partitions": supernodes,
                  **(node_configs or {}).get(i, {})} for i in range(supernodes)}
@@ -233,9 +294,14 @@ def launch(
                       "tls": tls, "auth": auth, "simulation": simulation,
                       "ray_address": ray_address, "superlink_database": superlink_database,
                       "node_env": node_env})
-    policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())
-    for path in ledger_paths:
-        _check_writable(path.parent)
+    try:
+        policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())
+        for path in ledger_paths:
+            _check_writable(path.parent)
+        plans = [] if simulation else _plan_budgets(run_settings, config, nodes, policy_file,
+                                                    echo)
+    except PolicyError as err:  # a policy file a node config names: unreadable, bad values
+        raise LaunchError(str(err)) from None
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -258,7 +324,9 @@ def launch(
         return _run(fed, out, simulation=simulation, supernodes=supernodes, nodes=nodes,
                     policy_file=policy_file, node_env=node_env, keys=keys, auth=auth,
                     app_dir=app_dir, config=config, echo=echo, timeout=timeout,
-                    on_line=on_line, ledger_paths=ledger_paths)
+                    on_line=on_line, ledger_paths=ledger_paths,
+                    liveness=Liveness(startup_timeout, stall_seconds(run_settings.round_timeout),
+                                      fed.serverapp_log), plans=plans)
     except KeyboardInterrupt:
         # Ctrl-C or SIGTERM: the summary must not stay "running", and the run can go on. Stop
         # first (closing twice is harmless): the ServerApp rewrites the summary every round.
@@ -279,7 +347,8 @@ def launch(
 def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
          nodes: dict[int, dict[str, Any]], policy_file: Path, node_env: Any, keys: list[Any],
          auth: bool, app_dir: Path, config: dict[str, Any], echo: Callable[[str], None],
-         timeout: float, on_line: Any, ledger_paths: list[Path]) -> LaunchResult:
+         timeout: float, on_line: Any, ledger_paths: list[Path],
+         liveness: Liveness, plans: list[DeviceBudget]) -> LaunchResult:
     """Start the federation, run the app, and read its results (:func:`launch`'s body)."""
     if simulation:
         echo(f"gpfl: Simulation Engine with {supernodes} virtual SuperNodes, "
@@ -299,7 +368,8 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
                 ["--auth-supernode-private-key", str(keys[i].private_key)] if auth else None))
     proc = fed.submit(app_dir, config)
     deadline = time.monotonic() + timeout
-    with ProcessWatch(fed.procs, echo, superlink_restarts=fed.database is not None) as watch:
+    with ProcessWatch(fed.procs, echo, superlink_restarts=fed.database is not None,
+                      liveness=liveness) as watch:
         run_id: int | None = None
         seen: set[str] = set()
         restarts = 0
@@ -316,6 +386,7 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
                     continue
                 replay = False
                 seen.add(line)
+                watch.saw(line, ROUND_TAG)
                 if ROUND_TAG in line:
                     echo(line[line.index(ROUND_TAG):])
                 elif "ERROR" in line or "Traceback" in line:
@@ -331,15 +402,20 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
             fed.restart_superlink()
             assert run_id is not None
             proc = fed.follow(run_id)
+            watch.resumed()
     summary_path = out / "summary.json"
+    status = (json.loads(summary_path.read_text()).get("status", "running")
+              if summary_path.exists() else "running")
+    watch.after_stream(finished=status != "running")
     if not summary_path.exists():
-        raise LaunchError(
+        raise LaunchError(watch.stop_reason or (
             f"the run ended (flwr run exit code {proc.returncode}) without writing "
-            f"{summary_path}; see {fed.logs}"
-        )
+            f"{summary_path}; see {fed.logs}"))
     if "superlink" in watch.died:
         reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run" + (
             f" (started again {restarts} time(s) on its database)" if restarts else "")
+    elif watch.stop_reason is not None:
+        reason = watch.stop_reason
     elif watch.serverapp_gone:
         reason = f"the ServerApp exited during the run (its process ended; see {fed.logs})"
     else:
@@ -350,9 +426,16 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
     # The devices first: a release in flight when the run ended (a SuperLink killed
     # mid-round) is charged on the device a moment later, and must be in the report.
     fed.stop_supernodes()
+    if watch.stop_reason is not None and not summary.get("last_round"):
+        # Nothing ran, so nothing can be resumed: the launch failed, and says why.
+        raise LaunchError(watch.stop_reason)
     summary = add_ledgers(out, summary, ledger_paths)
+    if plans:
+        summary = {**summary, "budget_plan": {p.name: p.to_dict() for p in plans}}
+        write_json_atomic(out / "summary.json", summary)
     figure = plot_summary(summary, out / "figure.png")
-    if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
+    if summary.get("rounds_completed", 0) == 0 and summary.get("status") not in (
+            "incomplete", "budget-exhausted", "devices-failed"):
         raise LaunchError(
             f"no round completed (every client failed or declined); see the SuperNode "
             f"logs in {fed.logs}"
@@ -394,8 +477,14 @@ def describe(result: LaunchResult) -> str:
     if result.died:
         lines.append("gpfl: exited during the run: " + ", ".join(
             f"{name} (code {code})" for name, code in sorted(result.died.items())))
+    failing = s.get("devices", {}).get("failing") or {}
+    if failing and result.status != "devices-failed":
+        lines.append("gpfl: devices that failed every round they were asked: " + ", ".join(
+            f"{name} ({kind})" for name, kind in failing.items()))
     if result.status == "diverged":
         lines.append(f"gpfl: run diverged: {s.get('incomplete_reason')}")
+    elif result.status in ("budget-exhausted", "devices-failed"):
+        lines.append(f"gpfl: run {result.status}: {s.get('incomplete_reason')}")
     elif not result.finished:
         lines.append(f"gpfl: run incomplete: {s.get('incomplete_reason')}; continue it with "
                      f"`gpfl launch --resume {result.out_dir}`")

@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -139,31 +140,75 @@ def descendant_running(command: str) -> bool:
     return False
 
 
+#: Name of the launcher's own ServerApp process (:mod:`server.serverapp_runner`) in a ProcessSet.
+SERVERAPP = "serverapp"
+#: Exit status of a ServerApp whose task token the SuperLink refused (server.serverapp_runner's).
+EXIT_REFUSED = 75
+#: How a refused ServerApp's log line starts (server.serverapp_runner's ``REFUSED_MARK``).
+REFUSED_MARK = "gpfl-serverapp: the SuperLink refused this ServerApp"
+#: The line of the ServerApp's log once it holds its run (server.serverapp_runner).
+CLAIMED_MARK = "claimed the ServerApp task of run"
+
+
+@dataclass
+class Liveness:
+    """When a run that shows no progress is given up.
+
+    Parameters
+    ----------
+    startup_s : float
+        Seconds from the submission to the ServerApp's first ``[gpfl]`` line.
+    stall_s : float
+        Seconds from that line, or from the last round's line, to the next round's line.
+    log : Path or None
+        The ServerApp's log (:mod:`server.serverapp_runner`), read to say how far it got.
+    """
+
+    startup_s: float
+    stall_s: float
+    log: Path | None = None
+
+
 class ProcessWatch:
-    """Watch a launch's processes while its run streams; say when one exits.
+    """Watch a launch's processes while its run streams; say when one exits or the run stalls.
 
     A SuperNode that exits is reported once and the run goes on without it (the ServerApp's
     round deadline and quorum decide whether it can). When the SuperLink exits, the log stream
     (``flwr run``) is ended at once: with ``superlink_restarts`` the launcher starts the SuperLink
     again on its database and follows the run anew, otherwise the run cannot go on and the launch
-    reports it incomplete. A ServerApp (``flwr-serverapp``, a grandchild) that has been seen and
-    is gone for :data:`SERVERAPP_GRACE_S` while the stream still runs ends the stream too: Flower
-    itself marks the run failed only when the ServerApp's heartbeat expires, about a minute later.
+    reports it incomplete. A ServerApp that has been seen and is gone for
+    :data:`SERVERAPP_GRACE_S` while the stream still runs ends the stream too: Flower itself
+    marks the run failed only when the ServerApp's heartbeat expires, about a minute later. A
+    ServerApp the SuperLink refused (:data:`EXIT_REFUSED`) ends it at once. With ``liveness``,
+    a run without its first ``[gpfl]`` line, or without a round, within its deadlines is ended
+    too; :attr:`stop_reason` then says why, in one line with what to try.
     """
 
     def __init__(self, procs: ProcessSet, echo: Callable[[str], None],
-                 interval: float = 1.0, superlink_restarts: bool = False) -> None:
+                 interval: float = 1.0, superlink_restarts: bool = False,
+                 liveness: Liveness | None = None) -> None:
         self.procs, self.echo, self.interval = procs, echo, interval
         self.superlink_restarts = superlink_restarts
+        self.liveness = liveness
         self.died: dict[str, int] = {}
         self.serverapp_gone = False
+        #: Why the launcher ended the run's stream (refused, not started, stalled), if it did.
+        self.stop_reason: str | None = None
+        #: Whether the ServerApp wrote its first ``[gpfl]`` line; how many round lines since.
+        self.started = False
+        self.rounds_seen = 0
+        #: The round number of the last round line ("" before the first).
+        self.last_round = ""
+        self._last_progress = time.monotonic()
         self._serverapp_seen = False
         self._serverapp_missing_since: float | None = None
         self._seen: set[int] = set()
+        self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> ProcessWatch:
+        self._last_progress = time.monotonic()
         self._thread.start()
         return self
 
@@ -179,11 +224,27 @@ class ProcessWatch:
         """Drop ``name`` from :attr:`died` (it was started again); return its exit code."""
         return self.died.pop(name, None)
 
+    def saw(self, line: str, tag: str = "[gpfl]") -> None:
+        """Note a line of the run's log: the ServerApp's first ``tag`` line, or a round's."""
+        with self._lock:
+            if tag in line and not self.started:
+                self.started = True
+                self._last_progress = time.monotonic()
+            elif f"{tag} round " in line:
+                self.rounds_seen += 1
+                self.last_round = line.split(f"{tag} round ", 1)[1].split("/", 1)[0]
+                self._last_progress = time.monotonic()
+
+    def resumed(self) -> None:
+        """Restart the clock: the run's stream starts again (a SuperLink restarted)."""
+        with self._lock:
+            self._last_progress = time.monotonic()
+
     def check(self) -> None:
         """Report every watched process that has exited since the last check."""
         for name, proc in list(self.procs.procs.items()):
             code = proc.poll()
-            if name == "flwr-run" or code is None or proc.pid in self._seen:
+            if name in ("flwr-run", SERVERAPP) or code is None or proc.pid in self._seen:
                 continue
             self._seen.add(proc.pid)
             self.died[name] = code
@@ -191,18 +252,41 @@ class ProcessWatch:
                 self.echo(f"gpfl: the SuperLink exited (code {code}); " + (
                     "starting it again on its database" if self.superlink_restarts
                     else "the run cannot go on"))
-                run = self.procs.procs.get("flwr-run")
-                if run is not None and run.poll() is None:
-                    run.terminate()
+                self._end_stream()
             else:
                 self.echo(f"gpfl: {name} exited (code {code}); the run goes on without it")
         self._check_serverapp()
+        self._check_progress()
+
+    def _end_stream(self) -> None:
+        run = self.procs.procs.get("flwr-run")
+        if run is not None and run.poll() is None:
+            run.terminate()
+
+    def _stream_running(self) -> bool:
+        run = self.procs.procs.get("flwr-run")
+        return (run is not None and run.poll() is None and not self.serverapp_gone
+                and self.stop_reason is None and "superlink" not in self.died)
+
+    def serverapp_running(self) -> bool:
+        """Whether the run's ServerApp process runs (the launcher's own, or Flower's)."""
+        own = self.procs.procs.get(SERVERAPP)
+        if own is not None:
+            return own.poll() is None
+        return descendant_running("flwr-serverapp")
 
     def _check_serverapp(self) -> None:
-        run = self.procs.procs.get("flwr-run")
-        if run is None or run.poll() is not None or self.serverapp_gone or "superlink" in self.died:
+        if not self._stream_running():
             return
-        if descendant_running("flwr-serverapp"):
+        own = self.procs.procs.get(SERVERAPP)
+        log = self.liveness.log if self.liveness else None
+        if own is not None and own.poll() is not None and (
+                own.returncode == EXIT_REFUSED or _log_has(log, "401 Unauthorized")):
+            self.stop_reason = refused_reason(self.liveness.log if self.liveness else None)
+            self.serverapp_gone = True
+            self._end_stream()
+            return
+        if self.serverapp_running():
             self._serverapp_seen, self._serverapp_missing_since = True, None
             return
         if not self._serverapp_seen:
@@ -214,7 +298,78 @@ class ProcessWatch:
             # A ServerApp that finished normally ends the stream within a second or two.
             self.serverapp_gone = True
             self.echo("gpfl: the ServerApp exited before the run ended; the run cannot go on")
-            run.terminate()
+            self._end_stream()
+
+    def after_stream(self, finished: bool) -> None:
+        """Say why the run's stream ended, when the ServerApp did not end it (``finished``).
+
+        Flower's SuperLink ends a run whose ServerApp sent no heartbeat within its window (60 s;
+        30 s before the first) while that process may still be alive, held up: the stream then
+        ends first. The ServerApp is given :data:`SERVERAPP_GRACE_S` to end on its own (a
+        refused one ends with :data:`EXIT_REFUSED` at once).
+        """
+        own = self.procs.procs.get(SERVERAPP)
+        if finished or self.stop_reason is not None or own is None or "superlink" in self.died:
+            return
+        try:
+            own.wait(timeout=SERVERAPP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.stop_reason = (
+                "the SuperLink ended the run: its ServerApp sent no heartbeat within Flower's "
+                "window (30 s after its claim, 60 s between two) and is still held up (an "
+                "overloaded host, or a stopped process); try again when the host is less "
+                "busy, or with fewer --supernodes")
+            return
+        log = self.liveness.log if self.liveness else None
+        if own.returncode == EXIT_REFUSED or _log_has(log, "401 Unauthorized"):
+            self.stop_reason = refused_reason(log)
+
+    def _check_progress(self) -> None:
+        if self.liveness is None or not self._stream_running():
+            return
+        with self._lock:
+            quiet = time.monotonic() - self._last_progress
+            started, last = self.started, self.last_round
+        if not started and quiet >= self.liveness.startup_s:
+            claimed = _log_has(self.liveness.log, CLAIMED_MARK)
+            self.stop_reason = (
+                f"the ServerApp did not start within {self.liveness.startup_s:.0f} s of the "
+                f"submission (it had {'' if claimed else 'not yet '}claimed the run; no [gpfl] "
+                "line): the host is too slow or overloaded; try again when it is "
+                "less busy, with fewer --supernodes, or with a longer --startup-timeout")
+        elif started and quiet >= self.liveness.stall_s:
+            after = f"round {last}'s line" if last else "the ServerApp started"
+            self.stop_reason = (
+                f"no round finished within {self.liveness.stall_s:.0f} s after {after} "
+                "(3 round deadlines and 2 minutes): the ServerApp or its devices stopped "
+                "making progress; see the logs")
+        else:
+            return
+        self._end_stream()
+
+
+def _log_has(log: Path | None, text: str) -> bool:
+    try:
+        return log is not None and text in log.read_text(errors="replace")
+    except OSError:
+        return False
+
+
+def refused_reason(log: Path | None) -> str:
+    """Say in one line why a ServerApp the SuperLink refused ended, and what to try."""
+    detail = ""
+    if log is not None:
+        try:
+            lines = [ln for ln in log.read_text(errors="replace").splitlines()
+                     if REFUSED_MARK in ln]
+        except OSError:
+            lines = []
+        if lines:
+            detail = lines[-1].split(REFUSED_MARK, 1)[1].lstrip(": ")
+    return ("the SuperLink refused the ServerApp (Runtime task-token authentication failed: "
+            + (detail or "its token expired, no heartbeat having reached the SuperLink within "
+               "Flower's window") + "); try again when the host is less busy, or with fewer "
+            "--supernodes")
 
 
 def _reap(proc: subprocess.Popen[Any]) -> None:

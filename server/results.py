@@ -4,8 +4,12 @@ After every round the checkpoint (:mod:`server.checkpoint`) and then the summary
 (atomically): an interrupted run leaves what it had learnt and can be resumed. ``status``:
 ``running`` (also what a killed or crashed ServerApp leaves behind), ``complete``,
 ``stopped-early`` (patience ran out), ``incomplete`` (``incomplete_reason`` says why, e.g. too
-few devices connected) or ``diverged`` (strategies.divergence: the devices refused the hypotheses,
-or validations kept them far beyond the initial loss; the reason names who pushed; not resumable).
+few devices connected), ``diverged`` (strategies.divergence: the devices refused the hypotheses,
+or validations kept them far beyond the initial loss; the reason names who pushed; not resumable),
+``budget-exhausted`` (devices declined for their caps and rounds went without the replies they
+needed) or ``devices-failed`` (most devices asked failed every round). A run that did its rounds
+is ``complete`` only when its devices worked: ``devices`` in the summary sorts them
+(:func:`device_health`), naming each device that failed throughout with its failure's class.
 """
 
 from __future__ import annotations
@@ -27,7 +31,11 @@ from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 logger = logging.getLogger(__name__)
 
 ROUND_TAG = "[gpfl]"
-STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged")
+STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged",
+            "budget-exhausted", "devices-failed")
+#: The setting that caps each family a device declines for (``decline-reason`` names it).
+CAP_SETTINGS = {"d-privacy": "cap-d-privacy", "rdp": "cap-epsilon",
+                "record": "cap-record-epsilon"}
 
 
 def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
@@ -58,7 +66,9 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
     per_client: dict[str, Any] = {}
     for cid, record in clients.items():
         metrics = dict(record.metrics)
-        name = str(metrics.get("client-name") or f"node {cid}")
+        # A device that failed every round never sent its name in a reply: its failures did.
+        name = str(metrics.get("client-name") or getattr(record, "failed_as", "")
+                   or f"node {cid}")
         entry = {
             "node_ids": [cid],
             **{key: int(getattr(record, key, 0)) for key in _COUNTS},
@@ -81,6 +91,8 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             # Σ over its accepted releases of distance / the round's median (~1 a release for
             # an honest device; strategies.records.ClientRecord.pull).
             "pull": float(getattr(record, "pull", 0.0)),
+            # The class of its last failure (ledger, release, refused-hypotheses, error).
+            "failure": str(getattr(record, "failure", "")),
             "record_schedule": [list(r) for r in getattr(record, "record_schedule", [])],
         }
         if name in per_client:
@@ -113,6 +125,71 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
         "median": statistics.median(spends) if spends else None,
         "max": max(spends) if spends else None,
     }
+
+
+def device_health(per_client: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Sort the devices a run asked into working, failing throughout and out of budget.
+
+    A device *failed throughout* when it was asked and none of its answers was a usable release
+    nor a decline for its cap: its class is its last failure's (``ledger``, ``release``,
+    ``refused-hypotheses``, ``error``), else ``bad-replies`` (every reply dropped),
+    ``declined (policy)`` / ``declined (task-data)``, or ``no-reply``. A device is *out of
+    budget* when its last decline was for its cap (``declined_by = "budget"``); ``releases``
+    is what it paid.
+    """
+    failing: dict[str, str] = {}
+    exhausted: dict[str, dict[str, Any]] = {}
+    asked = working = 0
+    for name, c in per_client.items():
+        if not c.get("sampled"):
+            continue
+        asked += 1
+        if c.get("declined_by") == "budget":
+            reason = str(c.get("decline_reason", ""))
+            family = next((f for f in CAP_SETTINGS if f"{f} cap" in reason), "d-privacy")
+            exhausted[name] = {"releases": int(c.get("releases", 0)),
+                               "cap_setting": CAP_SETTINGS[family]}
+        if c.get("participations"):
+            working += 1
+        elif name not in exhausted:
+            failing[name] = (c.get("failure") or
+                             ("bad-replies" if c.get("dropped") else
+                              f"declined ({c['declined_by']})" if c.get("declined_by") else
+                              "no-reply"))
+    return {"asked": asked, "working": working, "failing": dict(sorted(failing.items())),
+            "budget_exhausted": dict(sorted(exhausted.items()))}
+
+
+def _names(names: Any) -> str:
+    names = list(names)
+    if len(names) <= 4:
+        return ", ".join(names)
+    return f"{', '.join(names[:3])} and {len(names) - 3} more"
+
+
+def health_status(health: Mapping[str, Any], last_round: int,
+                  rounds_completed: int) -> tuple[str, str] | None:
+    """Return ``(status, reason)`` when a run that did its rounds is not honestly complete.
+
+    ``budget-exhausted``: devices declined for their caps and rounds went without the usable
+    replies they needed; ``devices-failed``: more than half the devices asked failed
+    throughout. ``None``: the run is complete.
+    """
+    exhausted, failing = health["budget_exhausted"], health["failing"]
+    if exhausted and rounds_completed < last_round:
+        settings = sorted({e["cap_setting"] for e in exhausted.values()})
+        paid = ", ".join(f"{n} {e['releases']}" for n, e in exhausted.items())
+        return "budget-exhausted", (
+            f"{_names(exhausted)} reached their caps ({', '.join(settings)}); "
+            f"{rounds_completed} of {last_round} rounds changed the hypotheses; releases "
+            f"paid: {paid}; raise {' or '.join(settings)} or noise-multiplier, or lower "
+            "num-rounds")
+    if health["asked"] and 2 * len(failing) > health["asked"]:
+        named = ", ".join(f"{n} ({c})" for n, c in failing.items())
+        return "devices-failed", (
+            f"{len(failing)} of {health['asked']} devices failed every round they were "
+            f"asked: {named}; see their logs")
+    return None
 
 
 def optima_distances(hypotheses: list[list[float]], optima: Any) -> list[float] | None:
@@ -317,8 +394,23 @@ class RunRecorder:
         self.strategy = strategy
         self.initial_hypotheses = flat_hypotheses(strategy.hypotheses)
 
-    def status(self) -> tuple[str, str | None]:
-        """Return the run's status (one of :data:`STATUSES`) and why it is incomplete."""
+    def status(self, privacy: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
+        """Return the run's status (one of :data:`STATUSES`) and why it is not complete.
+
+        A run that did its rounds is ``complete`` (or ``stopped-early``) only if its devices
+        worked (:func:`health_status`); ``privacy`` is its privacy report, if already built.
+        """
+        status, reason = self._status()
+        if status in ("complete", "stopped-early"):
+            s = self.strategy
+            report = privacy or privacy_report(self.mechanism, s.clients)
+            verdict = health_status(device_health(report["per_client"]), s.last_round,
+                                    s.rounds_completed)
+            if verdict is not None:
+                return verdict
+        return status, reason
+
+    def _status(self) -> tuple[str, str | None]:
         s = self.strategy
         if getattr(s, "diverged", False):
             return "diverged", s.incomplete_reason
@@ -333,7 +425,8 @@ class RunRecorder:
     def summary(self) -> dict[str, Any]:
         """Return the current ``summary.json`` content."""
         s = self.strategy
-        status, reason = self.status()
+        privacy = privacy_report(self.mechanism, s.clients)
+        status, reason = self.status(privacy)
         # What the run delivers: the hypotheses of the best validation round (early stopping
         # keeps the best model); the last ones are kept for reference.
         delivered = flat_hypotheses(
@@ -357,7 +450,8 @@ class RunRecorder:
             "history": self.history,
             "resumed": self.resumed,
             "checkpoint": str(self.checkpoint_path),
-            "privacy": privacy_report(self.mechanism, s.clients),
+            "privacy": privacy,
+            "devices": device_health(privacy["per_client"]),
         }
 
     def checkpoint(self) -> None:

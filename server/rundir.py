@@ -83,8 +83,9 @@ def resume_arguments(run_dir: Path) -> dict[str, Any]:
     summary_path = run_dir / "summary.json"
     if summary_path.is_file():
         status = json.loads(summary_path.read_text()).get("status")
-        if status in FINISHED:
-            raise ResumeError(f"--resume {run_dir}: the run is {status}; nothing to resume")
+        if status in (*FINISHED, "budget-exhausted", "devices-failed"):
+            raise ResumeError(f"--resume {run_dir}: the run is {status}; nothing to resume "
+                              "(it did all its rounds)")
         if status == "diverged":
             raise ResumeError(f"--resume {run_dir}: the run diverged (its hypotheses left what "
                               "the devices or the validation data support); resuming would "

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from server.federation import Federation
-from server.processes import descendant_running
+from server.processes import SERVERAPP, descendant_running
 
 __all__ = ["MAX_SUPERLINK_RESTARTS", "STARTED", "SUPERLINK_DATABASE", "fresh_database",
            "superlink_restartable"]
@@ -58,4 +58,9 @@ def superlink_restartable(fed: Federation, run_id: int | None, restarts: int) ->
     return (fed.database is not None and run_id is not None
             and restarts < MAX_SUPERLINK_RESTARTS
             and superlink is not None and superlink.poll() is not None
-            and descendant_running("flwr-serverapp"))
+            and _serverapp_running(fed))
+
+
+def _serverapp_running(fed: Federation) -> bool:
+    own = fed.procs.procs.get(SERVERAPP)
+    return own.poll() is None if own is not None else descendant_running("flwr-serverapp")

@@ -35,6 +35,27 @@ def check_name(text: str) -> None:
         raise ValueError("must be letters, digits, '_', '-' or '.' (not starting with '.')")
 
 
+def check_ledger_folder(text: str) -> None:
+    """Check a ledger folder: absolute (or under ``~``), never empty or relative.
+
+    The ledger is the device's only memory of its spend: a relative path would put it wherever
+    the process happened to start, and a restart elsewhere would find no spend.
+    """
+    if not text.strip():
+        raise ValueError("must name a folder (an absolute path); the ledger is the device's "
+                         "only memory of its spend")
+    if not (text.startswith("/") or text.startswith("~")):
+        raise ValueError("must be an absolute path (or start with ~): a relative one would "
+                         "move with the folder the device starts in")
+
+
+def check_ledger_file(text: str) -> None:
+    """Check an explicit ledger file: empty (use ``ledger-dir``) or absolute (or under ``~``)."""
+    if text and not (text.startswith("/") or text.startswith("~")):
+        raise ValueError("must be an absolute path (or start with ~), or empty to use "
+                         "ledger-dir")
+
+
 def check_task_name(text: str) -> None:
     """Check a task name: letters, digits, ``_ - .``, not starting with ``.``."""
     if not _NAME.fullmatch(text):

@@ -24,6 +24,7 @@ counted in its :class:`~strategies.records.ClientRecord`.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -96,6 +97,9 @@ class Intake:
 
 #: What a device's error says when it refuses the hypotheses (client.release.check_instruction).
 _REFUSAL = "max-parameter"
+#: The public tag of a gpfl device's failure (client.numpy_client.FAILURE_TAG): its name, the
+#: failure's class.
+_FAILURE_TAG = re.compile(r"\[device=([A-Za-z0-9_.:-]{1,64}) class=([a-z-]{1,32})\]")
 
 
 def pushed_away(server_round: int, intake: Intake,
@@ -307,7 +311,13 @@ class ReplyScreen:
 
     def _failed(self, t: int, out: Intake, cid: str, reason: str,
                 record: Callable[[str], ClientRecord]) -> None:
-        record(cid).failures += 1
+        client = record(cid)
+        client.failures += 1
+        tagged = _FAILURE_TAG.search(reason)
+        if tagged:
+            client.failed_as, client.failure = tagged.group(1), tagged.group(2)
+        else:
+            client.failure = "refused-hypotheses" if _REFUSAL in reason else "error"
         out.failed.append((self.names.label(cid), reason))
         if _REFUSAL in reason:
             out.refusing.append((self.names.label(cid), reason))

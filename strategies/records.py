@@ -139,6 +139,12 @@ class ClientRecord:
     record_schedule : list of [round, C, step]
         Record-level (dpsgd) releases: the clipping bound and the step each release ended
         with, by round (the clipping strategy's trajectory, from sanitized values only).
+    failure : str
+        The class of its last failure (``ledger``, ``release``, ``refused-hypotheses``,
+        ``error``; "" if it never failed).
+    failed_as : str
+        The ``client-name`` its last failure's text claimed (a device that fails every round
+        sends no reply with its name); "" if none.
     """
 
     cid: str
@@ -155,6 +161,8 @@ class ClientRecord:
     pull: float = 0.0
     metrics: dict[str, Scalar] = field(default_factory=dict)
     record_schedule: list[list[float]] = field(default_factory=list)
+    failure: str = ""
+    failed_as: str = ""
 
     def answered(self) -> None:
         """Note an answer of the device (a reply, a decline or an error): it is alive."""

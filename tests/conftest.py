@@ -43,7 +43,7 @@ def no_leftover_processes() -> Iterator[None]:
 def flower_processes() -> list[str]:
     """Flower processes on this machine that are descendants of this test process."""
     names = ("flower-superlink", "flower-supernode", "server.fleet_poll", "flower-superexec",
-             "flwr-serverapp", "flwr-clientapp")
+             "flwr-serverapp", "flwr-clientapp", "server.serverapp_runner")
     out = []
     for p in psutil.Process().children(recursive=True):
         try:

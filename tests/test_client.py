@@ -163,7 +163,8 @@ def test_corrupt_ledger_stops_the_client_and_sends_no_details(tmp_path: Path) ->
 
     with pytest.raises(ReleaseFailedError) as caught:
         fit(make_client(tmp_path))
-    assert str(caught.value) == RELEASE_FAILED
+    # The fixed text, and only the device's public name and the failure's class.
+    assert str(caught.value) == f"{RELEASE_FAILED} [device=client-0 class=ledger]"
 
 
 def test_any_failure_after_the_charge_sends_the_fixed_message(
@@ -178,7 +179,7 @@ def test_any_failure_after_the_charge_sends_the_fixed_message(
     with pytest.raises(ReleaseFailedError) as caught:
         fit(client)
 
-    assert str(caught.value) == RELEASE_FAILED
+    assert str(caught.value) == f"{RELEASE_FAILED} [device=client-0 class=release]"
     assert caught.value.__cause__ is None and caught.value.__suppress_context__
     # The charge stands: a crash after charging never undoes it.
     assert PrivacyLedger(tmp_path / "client-0.json", delta=1e-5).spent().releases == 1

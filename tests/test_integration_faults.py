@@ -300,7 +300,7 @@ def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
 def test_a_dead_serverapp_ends_the_launch_at_once_with_its_reason(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
-    # Prepare: the ServerApp process alone (flwr-serverapp, started by the SuperExec) is
+    # Prepare: the ServerApp process alone (the launcher's server.serverapp_runner) is
     # SIGKILLed once round 1 is recorded; the SuperLink and the SuperNodes live on.
     import time
 
@@ -311,14 +311,15 @@ def test_a_dead_serverapp_ends_the_launch_at_once_with_its_reason(
     def command(p: psutil.Process) -> list[str]:
         # A child that has just exited (a ClientApp) may be a zombie, or gone, by now.
         try:
-            return p.cmdline()[:2]
+            return p.cmdline()[:3]
         except psutil.Error:
             return []
 
     def kill_serverapp(line: str, fed: Federation) -> None:
         if "[gpfl] round 1/" in line and not killed:
             apps = [p for p in psutil.Process().children(recursive=True)
-                    if any(Path(part).name == "flwr-serverapp" for part in command(p))]
+                    if "server.serverapp_runner" in command(p)
+                    or any(Path(part).name == "flwr-serverapp" for part in command(p))]
             assert len(apps) == 1
             apps[0].kill()
             killed.append(time.monotonic())

@@ -105,7 +105,10 @@ def test_the_simulation_engine_runs_clients_on_both_nodes_of_a_ray_cluster(
     # Assert: the run finished, and each node's own logs name clients that ran there: every
     # decline of the run is in the logs of exactly one of the two nodes, and both have some.
     summary = result.summary
-    assert result.finished and summary["history"][-1]["round"] == 3
+    # Every round ran; a round whose sampled devices had all spent their one release changes
+    # nothing, and the run then ends budget-exhausted (it depends on the draw).
+    assert result.status in ("complete", "budget-exhausted")
+    assert summary["history"][-1]["round"] == 3
     on_node = {name: _declines(temp) for name, temp in temp_dirs.items()}
     assert on_node["head"] and on_node["worker"], on_node
     assert len(on_node["head"]) + len(on_node["worker"]) == sum(

@@ -1,0 +1,216 @@
+"""What a run will cost each device, known before round 1: the launch's budget table.
+
+A local launch plays its devices' owners, so it can resolve each device's settings exactly as the
+device will (:meth:`client.settings.ClientSettings.resolve`: the run config's request bounded by
+the device's policy), build the mechanism the device will build
+(:func:`client.numpy_client.build_mechanism`) and ask it for the event of one release, from the
+task's shapes alone (``Mechanism.event``: no data, no noise). How many releases the device's cap
+allows is then counted with the ledger's own check (:func:`mechanisms.accountant.check_cap`),
+charging the event again and again in memory after what the device's ledger already holds: the
+same arithmetic that will decline the device's round, so the table cannot disagree with it.
+
+The ledger's unit is the event's family's: Σ ε·r for d-privacy (a Laplace release under the
+neighbourhood calibration costs n/ν), the RDP-composed ε at the device's δ for Gaussian and sign
+releases (not additive: one release's cost is the ε of one release alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from client.numpy_client import build_mechanism
+from client.policy import DevicePolicy, PolicyDecline, PolicyError
+from client.settings import ClientSettings
+from mechanisms import LedgerCorruptError, PrivacyLedger
+from mechanisms.accountant import BudgetExceededError, LedgerEntry, check_cap, compose
+from mechanisms.events import PrivacyEvent
+
+__all__ = ["DeviceBudget", "budget_lines", "plan_budgets", "shapes_of"]
+
+#: The setting that caps each family, as a device owner names it.
+CAP_SETTING = {"d-privacy": "cap-d-privacy", "rdp": "cap-epsilon",
+               "record": "cap-record-epsilon"}
+
+
+@dataclass(frozen=True)
+class DeviceBudget:
+    """One device's budget for the run, as its own settings and ledger make it.
+
+    Attributes
+    ----------
+    name : str
+        The device's ``client-name``.
+    unit : str
+        Its ledger's unit for this run's releases.
+    cost : float or None
+        What one release costs in ``unit`` (for RDP: the ε of one release alone).
+    cap : float or None
+        The device's cap in ``unit`` (``None``: uncapped).
+    cap_setting : str or None
+        The setting that sets ``cap``.
+    spent : float
+        What its ledger already holds in ``unit``.
+    releases : int or None
+        How many more releases the cap allows, counted up to ``rounds`` (``None``: not
+        bounded, or not planned: see ``note``).
+    rounds : int
+        The rounds the run asks for (a device can be asked in each).
+    note : str
+        Why nothing is planned (the device declines the run, or its ledger is unreadable).
+    """
+
+    name: str
+    unit: str
+    cost: float | None
+    cap: float | None
+    cap_setting: str | None
+    spent: float
+    releases: int | None
+    rounds: int
+    note: str = ""
+
+    @property
+    def covers(self) -> bool:
+        """Whether the cap pays a release in every round the run asks for."""
+        return self.releases is None or self.releases >= self.rounds
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the plain JSON form (``summary.json``'s ``budget_plan``)."""
+        return {"unit": self.unit, "cost": self.cost, "cap": self.cap,
+                "cap_setting": self.cap_setting, "spent": self.spent,
+                "releases": self.releases, "rounds": self.rounds, "covers": self.covers,
+                **({"note": self.note} if self.note else {})}
+
+
+def _unit(family: str, delta: float) -> str:
+    return {"d-privacy": "d-privacy (sum of epsilon*r)",
+            "rdp": f"RDP epsilon at delta={delta:g}",
+            "record": f"record-level RDP epsilon at delta={delta:g}"}.get(family, "none")
+
+
+def _spend_of(family: str, entries: list[LedgerEntry], delta: float) -> float:
+    spend = compose(entries, declines=0, delta=delta)
+    return {"d-privacy": spend.d_privacy, "rdp": spend.epsilon,
+            "record": spend.record_epsilon}.get(family, 0.0)
+
+
+def _plan_one(settings: ClientSettings, event: PrivacyEvent, rounds: int) -> DeviceBudget:
+    privacy = settings.privacy
+    delta = privacy.ledger_delta
+    family = event.family
+    cap = privacy.cap(family)
+    unit = _unit(family, delta)
+    try:
+        held = list(PrivacyLedger(settings.ledger_path, delta=delta).entries())
+    except (LedgerCorruptError, OSError, ValueError) as err:
+        return DeviceBudget(settings.name, unit, None, cap, CAP_SETTING.get(family), 0.0, None,
+                            rounds, note=f"its ledger {settings.ledger_path} is unusable: {err}")
+    spent = _spend_of(family, held, delta)
+    one = LedgerEntry(event, "", None)
+    if cap is None:  # mechanism "none" with no cap: nothing bounds it
+        return DeviceBudget(settings.name, unit, None, None, None, spent, None, rounds)
+    cost = _spend_of(family, [one], delta)
+    entries = list(held)
+    releases = 0
+    # The ledger's own check, release after release, up to what the run can ask for.
+    while releases < rounds:
+        try:
+            check_cap(entries, event, cap=cap, delta=delta, ledger=settings.ledger_path)
+        except BudgetExceededError:
+            break
+        entries.append(one)
+        releases += 1
+    return DeviceBudget(settings.name, unit, cost, cap, CAP_SETTING.get(family), spent,
+                        releases, rounds)
+
+
+def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str, Any]],
+                 shapes: list[tuple[int, ...]], done: int = 0) -> list[DeviceBudget]:
+    """Return each device's budget for the run, in SuperNode order.
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        The run config the devices receive.
+    nodes : Mapping[int, Mapping[str, Any]]
+        Each SuperNode's node config, with its ``policy-file``.
+    shapes : list of tuple of int
+        The shapes of one hypothesis's layers (the task's model).
+    done : int
+        Rounds a resumed run has already done (they are not asked again).
+    """
+    zeros = [np.zeros(shape, dtype=np.float32) for shape in shapes]
+    rounds = max(0, int(run_config.get("num-rounds", 0) or 0) - done)
+    plans: list[DeviceBudget] = []
+    cache: dict[tuple[Any, ...], PrivacyEvent] = {}
+    for _, node in sorted(nodes.items()):
+        try:
+            policy = DevicePolicy.load(dict(node))
+            settings = ClientSettings.resolve(dict(run_config), policy)
+        except (PolicyDecline, PolicyError) as err:
+            name = str(node.get("client-name") or f"client-{node.get('partition-id')}")
+            plans.append(DeviceBudget(name, "none", None, None, None, 0.0, None, rounds,
+                                      note=f"declines the run: {err}"))
+            continue
+        if settings.privacy.mechanism == "dpsgd":
+            plans.append(DeviceBudget(settings.name, _unit("record", settings.privacy.ledger_delta),
+                                      None, settings.privacy.cap("record"), CAP_SETTING["record"],
+                                      0.0, None, rounds, note="record-level releases are not "
+                                      "planned here (their cost depends on the local steps)"))
+            continue
+        key = (settings.privacy,)
+        if key not in cache:
+            cache[key] = build_mechanism(settings.privacy).event(zeros, zeros)
+        plans.append(_plan_one(settings, cache[key], rounds))
+    return plans
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+def budget_lines(plans: list[DeviceBudget]) -> list[str]:
+    """Say, a line per group of devices alike, what a release costs and what the caps pay.
+
+    A device whose cap cannot pay every round gets a second line naming the setting to change.
+    """
+    groups: dict[tuple[Any, ...], list[str]] = {}
+    for p in plans:
+        key = (p.unit, p.cost, p.cap, p.cap_setting, p.spent, p.releases, p.rounds, p.note)
+        groups.setdefault(key, []).append(p.name)
+    lines = []
+    for (unit, cost, cap, setting, spent, releases, rounds, note), names in groups.items():
+        who = _names(names)
+        if note:
+            lines.append(f"gpfl: budget of {who}: not planned: {note}")
+            continue
+        paid = "every one" if releases is None else f"{releases}"
+        lines.append(
+            f"gpfl: budget of {who}: one release costs {_number(cost)} {unit}; "
+            f"{setting}={_number(cap)} (spent {_number(spent)}) pays {paid} more; "
+            f"the run asks for {rounds} rounds")
+        if releases is not None and releases < rounds:
+            what = (f"pays {releases} of the {rounds} rounds: after that the device declines"
+                    if releases else "pays no round: the device declines every one")
+            lines.append(
+                f"gpfl: budget of {who}: {setting}={_number(cap)} {what}; raise {setting} (its "
+                "node config or --policy), raise noise-multiplier (a release then costs less), "
+                "or lower num-rounds")
+    return lines
+
+
+def _names(names: list[str]) -> str:
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{len(names)} devices ({names[0]} ... {names[-1]})"
+
+
+def shapes_of(hypothesis: list[np.ndarray]) -> list[tuple[int, ...]]:
+    """Return the layer shapes of one hypothesis."""
+    return [tuple(int(d) for d in np.shape(layer)) for layer in hypothesis]
+
+
