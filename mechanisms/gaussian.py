@@ -169,5 +169,5 @@ class GaussianMechanism(_ClippedGaussianBase[GaussianReleaseEvent]):
             offset += u.size
             # The exact real sum hypothesis + clipped update + noise, rounded onto the public
             # grid of σ (mechanisms.grid): no float rounding of the sum reaches the release.
-            out.append(on_grid([layer, np.asarray(r, dtype=np.float64), d], spacing))
+            out.append(on_grid([layer, r, d], spacing))
         return out

@@ -57,7 +57,6 @@ __all__ = [
     "grid_spacing",
     "on_grid",
     "on_grid_exactly",
-    "round_sum_to_grid",
 ]
 
 #: Every release leaves the device in this dtype, whatever the server sent: the device, not
@@ -152,21 +151,22 @@ def check_grid_fits(least_scale: float, size: int, magnitude: float) -> None:
             "grid steps than a release can be rounded exactly over")
 
 
-def round_sum_to_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray:
-    """Return the integers R(Σ terms / spacing), as a float64 array (exact).
+def on_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray:
+    """Return spacing·R(Σ terms / spacing): the release's values on the grid, float64 (exact).
 
     Parameters
     ----------
     terms : sequence of numpy.ndarray
-        float64 arrays of one shape, finite; their real sum is rounded. The first array may
-        be overwritten (it is the caller's scratch: pass a copy if it must survive).
+        Floating-point arrays of one shape (float32 or float64), finite; their real sum is
+        rounded. None is modified.
     spacing : float
         A power of two from :func:`grid_spacing`.
 
     Returns
     -------
     numpy.ndarray
-        float64 integers m: the nearest integer to the exact real sum (ties to even).
+        A new float64 array: each value the multiple of ``spacing`` nearest to the exact real
+        sum of the terms (ties to even).
 
     Raises
     ------
@@ -176,47 +176,68 @@ def round_sum_to_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray
     """
     if not terms:
         raise ValueError("nothing to round")
-    mantissa, _ = math.frexp(spacing)
-    if mantissa != 0.5:
+    if math.frexp(spacing)[0] != 0.5:
         raise ValueError(f"the grid spacing must be a power of two, got {spacing!r}")
     inverse = 1.0 / spacing  # exact: a power of two
-    scaled = [np.multiply(t, inverse, dtype=np.float64) for t in terms]
-    # The bound on the float sum's error needs each term's largest magnitude.
-    largest = math.fsum(float(np.max(np.abs(t))) if t.size else 0.0 for t in scaled)
+    flat = [np.ravel(t) for t in terms]
+    size = flat[0].size
+    # The float sum's error bound needs each term's largest magnitude (max and min: no |t|
+    # temporary of the server-sized array), in grid steps.
+    largest = math.fsum(max(float(t.max()), -float(t.min())) if t.size else 0.0
+                        for t in flat) * inverse
     if not math.isfinite(largest):
         raise ValueError("a release sum is not finite in grid steps")
-    total = scaled[0]
-    for t in scaled[1:]:
-        total += t
+    out = np.empty(size, dtype=np.float64)
     if largest >= MAX_GRID_UNITS:
-        if total.size > _EXACT_ONLY_SIZE:
+        if size > _EXACT_ONLY_SIZE:
             raise ValueError("a release sum is beyond the grid's exact range")
-        close = np.arange(total.size)  # every coordinate, in rational arithmetic
-        rounded = np.zeros(total.shape)
+        close = np.arange(size)  # every coordinate, in rational arithmetic
     else:
-        rounded = np.rint(total)
-        # Within `slack` of a half-integer the float sum may round otherwise than the real one.
-        slack = len(terms) * largest * 2.0**-51 + 2.0**-1000
-        total -= rounded  # the float sum's distance to its nearest integer, in [-0.5, 0.5]
-        close = np.flatnonzero(np.abs(total) >= 0.5 - slack)
+        close = _round_in_blocks(flat, inverse, spacing, largest, out)
     if close.size:
-        flat_terms = [np.ravel(t) for t in terms]
-        flat = rounded.reshape(-1)
         exact_spacing = Fraction(spacing)
         for index in close.tolist():
-            real = sum((Fraction(float(t[index])) for t in flat_terms), Fraction(0))
-            flat[index] = float(round(real / exact_spacing))  # Fraction rounds ties to even
-    return rounded
+            real = sum((Fraction(float(t[index])) for t in flat), Fraction(0))
+            out[index] = float(round(real / exact_spacing)) * spacing  # ties to even
+    return out.reshape(np.shape(terms[0]))
 
 
-def on_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray:
-    """Return spacing·R(Σ terms / spacing): the release value on the grid, float64 (exact).
+#: Coordinates per block of :func:`_round_in_blocks`: every pass over a block stays in cache.
+_BLOCK = 1 << 16
 
-    See :func:`round_sum_to_grid`; this is its result scaled back by the grid spacing.
+
+def _round_in_blocks(flat: list[np.ndarray], inverse: float, spacing: float, largest: float,
+                     out: np.ndarray) -> np.ndarray:
+    """Write g·rint(float sum / g) into ``out``; return the coordinates to redo exactly.
+
+    The float sum of the terms, scaled by the power of two ``inverse``, differs from the real
+    sum in grid steps by at most K·largest·2^-51 (recursive summation) plus what subnormal
+    terms lose (2^-1074 each, scaled): where the float sum is farther than that from a
+    half-step, rint of it is R of the real sum.
     """
-    rounded = round_sum_to_grid(terms, spacing)
-    rounded *= spacing  # exact: an integer below 2^49 times a power of two
-    return rounded
+    slack = len(flat) * (largest * 2.0**-51 + 2.0**-1074 * inverse)
+    limit = 0.5 - slack
+    steps = np.empty(min(_BLOCK, out.size), dtype=np.float64)
+    close: list[np.ndarray] = []
+    for start in range(0, out.size, _BLOCK):
+        stop = min(start + _BLOCK, out.size)
+        block = out[start:stop]
+        if len(flat) == 1:
+            block[:] = flat[0][start:stop]
+        else:
+            np.add(flat[0][start:stop], flat[1][start:stop], out=block, dtype=np.float64)
+            for t in flat[2:]:
+                block += t[start:stop]
+        block *= inverse  # exact: scaling by a power of two commutes with the rounding
+        rounded = steps[:stop - start]
+        np.rint(block, out=rounded)
+        np.subtract(block, rounded, out=block)  # the distance to the nearest step
+        np.abs(block, out=block)
+        near = np.flatnonzero(block >= limit)
+        if near.size:
+            close.append(near + start)
+        np.multiply(rounded, spacing, out=block)  # exact: an integer below 2^49 times g
+    return np.concatenate(close) if close else np.empty(0, dtype=np.intp)
 
 
 def on_grid_exactly(values: np.ndarray, spacing: float) -> bool:

@@ -257,7 +257,7 @@ class EuclideanLaplace(Mechanism[MetricPrivacyEvent | NeighbourhoodEvent]):
                 layer = noise[offset:offset + upd[i].size].reshape(upd[i].shape)
                 offset += upd[i].size
                 # The exact sum, rounded onto the block's public grid (mechanisms.grid).
-                out[i] = on_grid([layer, np.asarray(upd[i], dtype=np.float64)], spacing)
+                out[i] = on_grid([layer, upd[i]], spacing)
         # Empty layers (skipped in per-layer mode) have nothing to hide.
         return [u.astype(np.float64) if o is None else o for o, u in zip(out, upd, strict=True)]
 

@@ -23,7 +23,7 @@ from numpy.random import Generator
 from mechanisms.base import Layers
 from mechanisms.events import SignReleaseEvent
 from mechanisms.gaussian import _ClippedGaussianBase
-from mechanisms.grid import grid_spacing, round_sum_to_grid
+from mechanisms.grid import grid_spacing, on_grid
 
 
 class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
@@ -66,7 +66,7 @@ class StochasticSign(_ClippedGaussianBase[SignReleaseEvent]):
             layer = noise[offset:offset + u.size].reshape(u.shape)
             ties = coin[offset:offset + u.size].reshape(u.shape)
             offset += u.size
-            steps = round_sum_to_grid([layer, d], spacing)
-            out.append(np.where(steps > 0, 1.0, np.where(steps < 0, -1.0,
+            value = on_grid([layer, d], spacing)  # its sign is the grid step's
+            out.append(np.where(value > 0, 1.0, np.where(value < 0, -1.0,
                                                          np.where(ties, 1.0, -1.0))))
         return out
