@@ -49,6 +49,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from mechanisms._numeric import BLOCK
+
 __all__ = [
     "MAX_GRID_UNITS",
     "RELEASE_DTYPE",
@@ -202,10 +204,6 @@ def on_grid(terms: Sequence[np.ndarray], spacing: float) -> np.ndarray:
     return out.reshape(np.shape(terms[0]))
 
 
-#: Coordinates per block of :func:`_round_in_blocks`: every pass over a block stays in cache.
-_BLOCK = 1 << 16
-
-
 def _round_in_blocks(flat: list[np.ndarray], inverse: float, spacing: float, largest: float,
                      out: np.ndarray) -> np.ndarray:
     """Write g·rint(float sum / g) into ``out``; return the coordinates to redo exactly.
@@ -217,10 +215,10 @@ def _round_in_blocks(flat: list[np.ndarray], inverse: float, spacing: float, lar
     """
     slack = len(flat) * (largest * 2.0**-51 + 2.0**-1074 * inverse)
     limit = 0.5 - slack
-    steps = np.empty(min(_BLOCK, out.size), dtype=np.float64)
+    steps = np.empty(min(BLOCK, out.size), dtype=np.float64)
     close: list[np.ndarray] = []
-    for start in range(0, out.size, _BLOCK):
-        stop = min(start + _BLOCK, out.size)
+    for start in range(0, out.size, BLOCK):
+        stop = min(start + BLOCK, out.size)
         block = out[start:stop]
         if len(flat) == 1:
             block[:] = flat[0][start:stop]
@@ -241,6 +239,20 @@ def _round_in_blocks(flat: list[np.ndarray], inverse: float, spacing: float, lar
 
 
 def on_grid_exactly(values: np.ndarray, spacing: float) -> bool:
-    """Return whether every value is an integer multiple of ``spacing`` (a power of two)."""
-    scaled = np.multiply(values, 1.0 / spacing, dtype=np.float64)
-    return bool(np.isfinite(scaled).all() and np.array_equal(scaled, np.rint(scaled)))
+    """Return whether every value is an integer multiple of ``spacing`` (a power of two).
+
+    In cache-sized blocks: this is the release invariant's check of every value a device
+    sends, and runs on every release.
+    """
+    flat = np.ravel(values)
+    inverse = 1.0 / spacing  # exact: a power of two
+    scaled = np.empty(min(BLOCK, flat.size), dtype=np.float64)
+    rounded = np.empty_like(scaled)
+    for start in range(0, flat.size, BLOCK):
+        stop = min(start + BLOCK, flat.size)
+        block, steps = scaled[:stop - start], rounded[:stop - start]
+        np.multiply(flat[start:stop], inverse, out=block, dtype=np.float64)
+        np.rint(block, out=steps)
+        if not np.array_equal(block, steps):  # a fraction of a step, or not finite
+            return False
+    return True

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from mechanisms._numeric import sum_of_squares
+from mechanisms._numeric import BLOCK, sum_of_squared_differences
 from mechanisms.base import Mechanism, PrivacyEvent
 from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2, l2_sensitivity
 from mechanisms.events import (
@@ -149,7 +149,7 @@ def verify_release(
     ReleaseRefused
         If any check fails (see the module notes).
     """
-    ref = [np.asarray(a, dtype=np.float64) for a in reference]
+    ref = [np.asarray(a) for a in reference]
     upd = [np.asarray(a) for a in updated]
     out = [np.asarray(a) for a in released]
     _check_charge(event, allow_unsanitized)
@@ -169,7 +169,7 @@ def verify_release(
         blocks = _blocks(upd, len(event.dimensions))
         for layers in blocks:
             delta = math.sqrt(math.fsum(
-                sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64)) for i in layers))
+                sum_of_squared_differences(upd[i], ref[i]) for i in layers))
             n = sum(upd[i].size for i in layers)
             try:
                 epsilon = neighbourhood_epsilon(n, event.noise_multiplier, max(delta, least))
@@ -230,11 +230,23 @@ def _check_cast(out: list[np.ndarray], exact: Sequence[np.ndarray]) -> list[np.n
         if n.dtype != np.float64 or n.shape != o.shape or not np.isfinite(n).all():
             raise ReleaseRefused(f"layer {i}: the float64 release is not a finite float64 array "
                                  "of the model's shape")
-        with np.errstate(over="ignore"):
-            cast = n.astype(RELEASE_DTYPE)
-        if not np.array_equal(cast, o):
+        if not _is_cast_of(o, n):
             raise ReleaseRefused(f"layer {i}: the release is not the cast of its float64 release")
     return noisy
+
+
+def _is_cast_of(released: np.ndarray, exact: np.ndarray) -> bool:
+    """Return whether ``released`` is exactly ``exact`` cast to the release dtype (in blocks)."""
+    flat, source = released.ravel(), exact.ravel()
+    buffer = np.empty(min(BLOCK, flat.size), dtype=RELEASE_DTYPE)
+    for start in range(0, flat.size, BLOCK):
+        stop = min(start + BLOCK, flat.size)
+        cast = buffer[:stop - start]
+        with np.errstate(over="ignore"):
+            cast[:] = source[start:stop]
+        if not np.array_equal(cast, flat[start:stop]):
+            return False
+    return True
 
 
 def _blocks(upd: list[np.ndarray], count: int) -> list[tuple[int, ...]]:
@@ -263,7 +275,7 @@ def _check_radial_noise(
     except ValueError:
         raise ReleaseRefused("the charged noise scale has no release grid") from None
     realized = math.sqrt(math.fsum(
-        sum_of_squares(np.subtract(out[i], upd[i], dtype=np.float64)) for i in layers))
+        sum_of_squared_differences(out[i], upd[i]) for i in layers))
     # Rounding onto the grid moves the release by at most spacing·√n/2 (grid_spacing keeps
     # that far below the tail, so a release without noise is still refused).
     if realized + spacing * math.sqrt(n) / 2 < lower_tail_factor(n) * mean_norm:
@@ -295,7 +307,7 @@ def _check_gaussian(
     delta = [np.subtract(u, r, dtype=np.float64) for r, u in zip(ref, upd, strict=True)]
     clipped = clip_l2(delta, clip) if mode == "l2" else clip_elementwise(delta, clip)
     energy = math.fsum(
-        sum_of_squares(np.asarray(o, dtype=np.float64) - r - d)
+        sum_of_squared_differences(np.asarray(o), r, d)
         for o, r, d in zip(out, ref, clipped, strict=True))
     if not (sigma > 0.0 and math.isfinite(sigma)):
         raise ReleaseRefused(f"the charged noise scale is not positive and finite: {sigma!r}")

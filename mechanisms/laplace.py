@@ -25,7 +25,7 @@ from typing import ClassVar
 import numpy as np
 from numpy.random import Generator
 
-from mechanisms._numeric import sum_of_squares
+from mechanisms._numeric import sum_of_squared_differences, sum_of_squares
 from mechanisms._validation import (
     check_bool,
     check_choice,
@@ -316,8 +316,7 @@ def _distance(ref: list[np.ndarray], upd: list[np.ndarray], group: tuple[int, ..
     """Return ‖updated − reference‖₂ over the layers of ``group``, computed in float64."""
     # fsum, as the release invariant computes it: the grid of the release follows from this
     # radius, and the invariant must find the very same one.
-    radius = math.sqrt(math.fsum(
-        sum_of_squares(np.subtract(upd[i], ref[i], dtype=np.float64)) for i in group))
+    radius = math.sqrt(math.fsum(sum_of_squared_differences(upd[i], ref[i]) for i in group))
     if not math.isfinite(radius):
         raise ValueError("the update norm ‖updated − reference‖ overflows float64")
     return radius
