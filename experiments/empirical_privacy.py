@@ -275,14 +275,17 @@ def table(rows: list[dict[str, str]]) -> list[str]:
                   f"({int(r['trials']):,} releases per input, fresh seeds): caught in "
                   f"{fmt(100 * float(r['exceed_rate']))} % of {r['repeats']} repeats."]
     for r in (r for r in rows if r["kind"] == "float-leak"):
+        leaked = float(r["epsilon_lb"]) > float(r["charged"])
         lines += ["", f"The last bit of the release ({r['scenario']}, "
                   f"{int(r['trials']):,} releases per input): lower bound "
                   f"{fmt(float(r['epsilon_lb']))} per unit against a charge of "
-                  f"{fmt(float(r['charged']))}. The scores are not rounded (none is): a "
-                  "release computed as fl(x + ρ) would land on a float lattice that differs "
-                  "between the two inputs (Mironov 2012); the device's release lies on a "
-                  "public grid and leaves as float32, and the low-bit audit "
-                  "(experiments.lowbit_audit) reads its bits."]
+                  f"{fmt(float(r['charged']))}. "
+                  + ("That is the floating-point leak of a release computed as fl(x + ρ), whose "
+                     "float lattice differs between the two inputs (Mironov 2012): these rows "
+                     "were made before releases were rounded onto a public grid, which closes "
+                     "it" if leaked else
+                     "The release lies on a public grid and leaves as float32")
+                  + " (the low-bit audit on the grid: PRIVACY.md, \"Floating point\")."]
     fp = [r for r in rows if r["kind"] == "false-positive"]
     for r in fp:
         lines += ["", f"False positives of the regression test's {r['scenario']} audit "

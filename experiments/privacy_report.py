@@ -36,8 +36,7 @@ MECHANISMS_TEXT = (
     "number, as they should: with σ = z·(2C + D) the projected law is the same, and both "
     "audits draw the same seeds. *exact* is the largest ε the release's law "
     "allows for that pair at that δ: the gap from the charge to it is the accounting's slack "
-    "(for the Gaussian, PLD's discretisation: next to none; post-processing for the sign), the "
-    "gap from it to the "
+    "(RDP's conversion for the Gaussian, post-processing for the sign), the gap from it to the "
     "bound the test's (its tails need more releases).")
 RECORD_TEXT = (
     "**Record level** (`dpsgd`, `experiments/record_audit.py`). Every release is made by the "
