@@ -100,8 +100,8 @@ def _check_grids(record: Any, split: NoiseSplit, sigma: float, growth: float, k:
     The clip moves within a factor ``growth`` of its start either way; each query's noisy
     sum must be roundable exactly onto the grid of its σ (:mod:`mechanisms.grid`).
     """
-    queries = [("record-noise-multiplier", split.gradient, sigma / growth, dims),
-               ("record-noise-multiplier", split.gradient, sigma * growth, dims)]
+    queries = [("record-clip", split.gradient, sigma / growth, dims),
+               ("record-clip", split.gradient, sigma * growth, dims)]
     if extra_query:
         queries += [("record-noise-multiplier", split.secondary, split.secondary, 1),
                     ("record-noise-multiplier", split.secondary, split.secondary, dims)]
@@ -121,7 +121,8 @@ def _check_grids(record: Any, split: NoiseSplit, sigma: float, growth: float, k:
 
 
 #: The record settings named in a decline, by setting name.
-_FIELDS = {"record-noise-multiplier": "noise_multiplier", "record-loss-clip": "loss_clip"}
+_FIELDS = {"record-noise-multiplier": "noise_multiplier", "record-loss-clip": "loss_clip",
+           "record-clip": "clip"}
 
 
 def choose_noisy_min(losses: np.ndarray, loss_clip: float, noise_multiplier: float,

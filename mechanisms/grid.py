@@ -121,9 +121,11 @@ def grid_spacing(scale: float, size: int = 1_000_000) -> float:
         raise ValueError(f"the release size must be a positive integer, got {size!r}")
     fraction = min(1.0 / STEPS_PER_SCALE,
                    math.exp(math.log(_TAIL_PROBABILITY) / size) / (4.0 * math.e))
-    _, exponent = math.frexp(scale * fraction)  # scale·f = m·2^e with m in [0.5, 1)
+    target = scale * fraction
+    # frexp(0.0) is (0.0, 0): a product that underflowed to zero must not read as 2^-1.
+    _, exponent = math.frexp(target)  # target = m·2^e with m in [0.5, 1)
     power = exponent - 1
-    if not _MIN_SPACING_EXPONENT <= power <= _MAX_SPACING_EXPONENT:
+    if not (target > 0.0 and _MIN_SPACING_EXPONENT <= power <= _MAX_SPACING_EXPONENT):
         raise ValueError(f"the noise scale {scale:.3g} is outside the range of a release grid")
     return math.ldexp(1.0, power)
 

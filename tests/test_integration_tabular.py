@@ -41,10 +41,10 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Feder
     before = descendants()
     fed = Federation(workdir=work)
     try:
-        # The ServerApp (started by the SuperLink) sees one more plugin than the devices do.
-        fed.extra_env["PYTHONPATH"] = str(write_task_plugin(work / "server-plugins", SERVER_ONLY))
+        # The server side sees one more plugin than the devices do (`run` gives it to each
+        # run's ServerApp process).
+        write_task_plugin(work / "server-plugins", SERVER_ONLY)
         fed.start_superlink()
-        del fed.extra_env["PYTHONPATH"]
         # Each device's file and its opted-in noise seed, as the experiment's seed SEED: with
         # the seeded data and server the run is the same every time, so the accuracy check
         # fails for a change of behaviour, not by chance.
@@ -62,7 +62,13 @@ def federation(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Feder
 def run(fed: Federation, name: str, config: dict[str, Any]) -> dict[str, Any]:
     """Submit one run, wait for it, return its summary.json."""
     out = fed.workdir / name
-    proc = fed.submit(project_root(), {**config, "out-dir": str(out)})
+    # The ServerApp (the launcher's process of this run) sees the server-only plugin; the
+    # SuperNodes, started without it, do not.
+    fed.extra_env["PYTHONPATH"] = str(fed.workdir / "server-plugins")
+    try:
+        proc = fed.submit(project_root(), {**config, "out-dir": str(out)})
+    finally:
+        del fed.extra_env["PYTHONPATH"]
     for _ in stream_lines(proc, fed.logs / f"{name}.log", timeout=300):
         pass
     fed.procs.procs.pop("flwr-run", None)

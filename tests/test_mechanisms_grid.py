@@ -135,10 +135,13 @@ def test_the_grid_is_a_power_of_two_a_sixteenth_of_the_scale_or_finer(scale: flo
     assert 2 * spacing > scale * fraction * (1 - 1e-12)
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan, 1e-300, 1e300])
+@pytest.mark.parametrize("scale", [0.0, -1.0, math.inf, math.nan, 1e-300, 1e300, 5e-324])
 def test_a_scale_without_a_grid_is_refused(scale: float) -> None:
+    # 5e-324 once gave a grid of 0.5: its sixteenth underflows to 0, whose frexp exponent is 0.
     with pytest.raises(ValueError, match="noise scale"):
         grid_spacing(scale, 10)
+    with pytest.raises(ValueError, match="noise scale"):
+        grid_spacing(scale, 1)
 
 
 def test_a_release_that_could_not_be_rounded_exactly_is_found_before_the_charge() -> None:
