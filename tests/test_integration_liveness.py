@@ -74,7 +74,8 @@ class Holder:
         while not self._done.wait(0.02):
             now = time.monotonic()
             for proc in psutil.Process().children(recursive=True):
-                if proc.pid not in self.seen and _is_serverapp(proc):
+                if proc.pid not in self.seen and _is_serverapp(proc) \
+                        and not _inside_a_serverapp(proc):
                     self.seen[proc.pid] = now
             for pid in self.seen:
                 if pid not in self.held and self.ready(pid):
@@ -84,6 +85,18 @@ class Holder:
                         and now - self.held[pid] >= self.hold_s:
                     _signal(pid, signal.SIGCONT)
                     self.released[pid] = time.monotonic()
+
+
+def _inside_a_serverapp(proc: psutil.Process) -> bool:
+    """Whether ``proc`` descends from a ServerApp process (a fork of it keeps its command line).
+
+    Such a child is part of that ServerApp, not a second one; stopping the ServerApp's process
+    group is the launcher's business, and the leftover check covers it.
+    """
+    try:
+        return any(_is_serverapp(parent) for parent in proc.parents())
+    except psutil.Error:
+        return False
 
 
 def _signal(pid: int, signum: int) -> None:
