@@ -63,7 +63,7 @@ from client.record_release import plan_record_release, release_record
 from client.release import ReleasePlan, make_release, plan_release
 from client.settings import ClientSettings
 from experiments import record_audit as ra
-from experiments.privacy_audit import EpsilonBound, choose_test, count_test
+from experiments.privacy_audit import BoundedResult, EpsilonBound, choose_test, count_test
 from experiments.record_audit import RecordScenario
 from mechanisms import PrivacyLedger, device_rng
 from mechanisms.invariant import ReleaseRefused
@@ -184,7 +184,7 @@ class LowbitScenario:
 
 
 @dataclass(frozen=True)
-class LowbitResult:
+class LowbitResult(BoundedResult):
     """One audit: the bound, the feature that reached it, and the pair's charge.
 
     ``charged`` and ``bound.epsilon`` are both the ε of this one pair (see the module notes);
@@ -200,15 +200,6 @@ class LowbitResult:
     bound: EpsilonBound
     selection: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def epsilon_lb(self) -> float:
-        """The empirical lower bound on the pair's ε."""
-        return self.bound.epsilon
-
-    @property
-    def consistent(self) -> bool:
-        """Whether the bound stays within the charge (False: the release leaks more)."""
-        return self.epsilon_lb <= self.charged
 
 
 # -- the scenarios -------------------------------------------------------------------------------

@@ -64,6 +64,7 @@ from mechanisms.invariant import ReleaseRefused
 __all__ = [
     "REFUSED_SCORE",
     "AuditResult",
+    "BoundedResult",
     "EpsilonBound",
     "Scenario",
     "audit",
@@ -239,8 +240,25 @@ class Scenario:
     exact: float
 
 
+class BoundedResult:
+    """What every audit result reads from its bound and its charge (mixed into the dataclasses)."""
+
+    bound: EpsilonBound
+    charged: float
+
+    @property
+    def epsilon_lb(self) -> float:
+        """The empirical lower bound (per unit of distance for d-privacy)."""
+        return self.bound.epsilon
+
+    @property
+    def consistent(self) -> bool:
+        """Whether the bound stays within the charge (False: the release leaks more)."""
+        return self.epsilon_lb <= self.charged
+
+
 @dataclass(frozen=True)
-class AuditResult:
+class AuditResult(BoundedResult):
     """One audit: the charge, the bound and the law's own ε, in the same unit."""
 
     scenario: str
@@ -250,15 +268,6 @@ class AuditResult:
     exact: float
     bound: EpsilonBound
 
-    @property
-    def epsilon_lb(self) -> float:
-        """The empirical lower bound (per unit of distance for d-privacy)."""
-        return self.bound.epsilon
-
-    @property
-    def consistent(self) -> bool:
-        """Whether the bound stays within the charge (False: the accounting is wrong)."""
-        return self.epsilon_lb <= self.charged
 
 
 def releases(mechanism: Mechanism, reference: Layers, updated: Layers, *, spread: float,
