@@ -40,9 +40,11 @@ from server.results import ROUND_TAG, mark_incomplete, plot_summary, write_json_
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
 from server.settings import RunSettings, check_launch
 from server.superlink_state import (
+    RESTART_WINDOW_S,
     STARTED,
     SUPERLINK_DATABASE,
     fresh_database,
+    late_restart_reason,
     superlink_restartable,
 )
 from settings import SettingError
@@ -373,6 +375,7 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
         run_id: int | None = None
         seen: set[str] = set()
         restarts = 0
+        late: str | None = None  # why a SuperLink started again could not carry the run on
         while True:
             # After a restart `flwr log` replays the run's log from its start: lines already
             # seen are skipped until the first new one.
@@ -399,7 +402,12 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
             # The ServerApp and the SuperNodes outlive their SuperLink and reconnect to it:
             # started again on its ports and database, it carries the run on.
             restarts += 1
-            fed.restart_superlink()
+            try:
+                fed.restart_superlink(timeout=RESTART_WINDOW_S)
+            except LaunchError as exc:
+                late = late_restart_reason(watch.died["superlink"], "did not answer ("
+                                           + str(exc).splitlines()[0] + ")")
+                break
             assert run_id is not None
             proc = fed.follow(run_id)
             watch.resumed()
@@ -411,7 +419,12 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
         raise LaunchError(watch.stop_reason or (
             f"the run ended (flwr run exit code {proc.returncode}) without writing "
             f"{summary_path}; see {fed.logs}"))
-    if "superlink" in watch.died:
+    if late is None and restarts and watch.refused:
+        late = late_restart_reason(watch.died.get("superlink", 0),
+                                   "refused the ServerApp's token")
+    if late is not None:
+        reason = late
+    elif "superlink" in watch.died:
         reason = f"the SuperLink exited (code {watch.died['superlink']}) during the run" + (
             f" (started again {restarts} time(s) on its database)" if restarts else "")
     elif watch.stop_reason is not None:

@@ -192,6 +192,8 @@ class ProcessWatch:
         self.liveness = liveness
         self.died: dict[str, int] = {}
         self.serverapp_gone = False
+        #: Whether the SuperLink refused the ServerApp's task token (it ended with that).
+        self.refused = False
         #: Why the launcher ended the run's stream (refused, not started, stalled), if it did.
         self.stop_reason: str | None = None
         #: Whether the ServerApp wrote its first ``[gpfl]`` line; how many round lines since.
@@ -283,7 +285,7 @@ class ProcessWatch:
         if own is not None and own.poll() is not None and (
                 own.returncode == EXIT_REFUSED or _log_has(log, "401 Unauthorized")):
             self.stop_reason = refused_reason(self.liveness.log if self.liveness else None)
-            self.serverapp_gone = True
+            self.serverapp_gone = self.refused = True
             self._end_stream()
             return
         if self.serverapp_running():
@@ -323,6 +325,7 @@ class ProcessWatch:
         log = self.liveness.log if self.liveness else None
         if own.returncode == EXIT_REFUSED or _log_has(log, "401 Unauthorized"):
             self.stop_reason = refused_reason(log)
+            self.refused = True
 
     def _check_progress(self) -> None:
         if self.liveness is None or not self._stream_running():

@@ -16,8 +16,8 @@ from pathlib import Path
 from server.federation import Federation
 from server.processes import SERVERAPP, descendant_running
 
-__all__ = ["MAX_SUPERLINK_RESTARTS", "STARTED", "SUPERLINK_DATABASE", "fresh_database",
-           "superlink_restartable"]
+__all__ = ["MAX_SUPERLINK_RESTARTS", "RESTART_WINDOW_S", "STARTED", "SUPERLINK_DATABASE",
+           "fresh_database", "late_restart_reason", "superlink_restartable"]
 
 #: The SuperLink's database (Flower's ``--database``) in the run directory.
 SUPERLINK_DATABASE = "superlink.db"
@@ -44,6 +44,11 @@ def fresh_database(out: Path) -> Path:
 
 #: How often one launch starts its SuperLink again on its database before giving the run up.
 MAX_SUPERLINK_RESTARTS = 3
+#: Seconds a SuperLink started again has to answer: Flower 1.39 keeps a running ServerApp's
+#: task token for its heartbeat window after the last heartbeat (2 x 30 s, checked against the
+#: installed Flower by a test), and a SuperLink back later reads from its database that the token
+#: expired, refuses it and ends the run. Waiting longer only delays the same end.
+RESTART_WINDOW_S = 60.0
 #: ``flwr run``'s line naming the run it submitted (``flwr log`` follows it by that id).
 STARTED = re.compile(r"Successfully started run (\d+)")
 
@@ -64,3 +69,15 @@ def superlink_restartable(fed: Federation, run_id: int | None, restarts: int) ->
 def _serverapp_running(fed: Federation) -> bool:
     own = fed.procs.procs.get(SERVERAPP)
     return own.poll() is None if own is not None else descendant_running("flwr-serverapp")
+
+
+def late_restart_reason(code: int, detail: str) -> str:
+    """Say in one line why a SuperLink started again on its database could not carry its run on.
+
+    ``code`` is the exit code of the SuperLink that died, ``detail`` what its successor did (did
+    not listen in time, or refused the ServerApp).
+    """
+    return (f"the SuperLink exited (code {code}) and, started again on its database, {detail}: "
+            f"a SuperLink that answers more than {RESTART_WINDOW_S:.0f} s (Flower's heartbeat "
+            "window) after the ServerApp's last heartbeat refuses its token, so the run cannot "
+            "go on (a host too loaded to start the SuperLink in time)")

@@ -8,12 +8,15 @@ ports and database and follows the same run (``flwr log``). Kept small: 2 SuperN
 
 from __future__ import annotations
 
+import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from server.launcher import SUPERLINK_DATABASE, Federation, launch
+from server.launcher import SUPERLINK_DATABASE, Federation, describe, launch
 from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
@@ -82,4 +85,78 @@ def test_a_superlink_killed_mid_round_restarts_on_its_database_and_the_run_compl
         assert client["spend"] == pytest.approx(d_privacy) or (
             lost == 1 and client["spend"] == pytest.approx(d_privacy - N_OVER_NU)), (
             name, client, releases)
+    assert flower_processes() == []
+
+
+#: Flower 1.39's heartbeat window for a running ServerApp task (2 x 30 s; a unit test checks it
+#: against the installed Flower): a restarted SuperLink that answers later refuses its token.
+WINDOW_S = 60.0
+
+
+def _hold_the_next_superlink(fed: Federation, old_pid: int, hold_s: float,
+                             held: list[int], done: threading.Event) -> None:
+    """SIGSTOP the SuperLink the launcher starts in place of ``old_pid``, for ``hold_s``."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not done.is_set():
+        proc = fed.procs.procs.get("superlink")
+        if proc is not None and proc.pid != old_pid and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGSTOP)
+            held.append(proc.pid)
+            done.wait(hold_s)
+            try:
+                os.kill(proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            return
+        time.sleep(0.01)
+
+
+@pytest.mark.timeout(300)
+def test_a_superlink_back_later_than_flowers_window_ends_the_run_resumable_with_its_reason(
+    tmp_path: Path, no_leftover_processes: None
+) -> None:
+    # Prepare: as above, but the SuperLink started again is held (SIGSTOP, as on a host too
+    # loaded to schedule it) for longer than Flower's heartbeat window: its database says the
+    # ServerApp's token expired while it was away.
+    out = tmp_path / "run"
+    killed: list[int] = []
+    held: list[int] = []
+    killed_at: list[float] = []
+    done = threading.Event()
+
+    def kill_superlink(line: str, fed: Federation) -> None:
+        if "[ROUND 2]" in line and not killed:
+            superlink = fed.procs.procs["superlink"]
+            superlink.send_signal(signal.SIGKILL)
+            killed.append(superlink.pid)
+            killed_at.append(time.monotonic())
+            threading.Thread(target=_hold_the_next_superlink, daemon=True, args=(
+                fed, superlink.pid, WINDOW_S + 10, held, done)).start()
+
+    # Execute
+    try:
+        result = launch(supernodes=2, out_dir=out, echo=lambda _: None, timeout=240,
+                        run_config={"num-rounds": 3, "clients-per-round": 2, "patience": 0,
+                                    "seed": 7},
+                        superlink_database=True, on_line=kill_superlink)
+    finally:
+        done.set()
+    ended = time.monotonic()
+
+    # Assert: the run ended resumable (round 1 is kept), within the window and half a minute of
+    # the kill, saying in one line what happened and why it could not go on.
+    assert killed and held
+    summary = result.summary
+    assert result.status == "incomplete" and summary["last_round"] >= 1
+    reason = summary["incomplete_reason"]
+    assert "started again on its database" in reason, reason
+    assert f"more than {WINDOW_S:.0f} s (Flower's heartbeat window)" in reason, reason
+    assert "\n" not in reason
+    assert ended - killed_at[0] <= WINDOW_S + 30, ended - killed_at[0]
+    assert "launch --resume" in describe(result)
+    # Assert: every release the devices made is in their ledgers and in summary.json.
+    names = sorted(summary["privacy"]["per_client"])
+    spend = ledger_spend(out / "ledgers", names)
+    for name in names:
+        assert summary["ledgers"]["per_client"][name]["spend"] == pytest.approx(spend[name][1])
     assert flower_processes() == []

@@ -17,7 +17,7 @@ import pytest
 
 from client.numpy_client import ReleaseFailedError
 from mechanisms import BudgetExceededError, NeighbourhoodEvent, PrivacyLedger
-from server import cli, processes, serverapp_runner
+from server import cli, processes, serverapp_runner, superlink_state
 from server.budget import budget_lines, plan_budgets
 from server.processes import Liveness, ProcessSet, ProcessWatch
 from server.results import device_health, health_status
@@ -135,6 +135,8 @@ def test_the_runner_and_the_watch_agree_and_match_flower() -> None:
     assert serverapp_runner.REFUSED_MARK == processes.REFUSED_MARK
     assert constant.HEARTBEAT_DEFAULT_INTERVAL == serverapp_runner.CLAIM_WINDOW_S
     assert constant.HEARTBEAT_PATIENCE == 2
+    assert superlink_state.RESTART_WINDOW_S == (
+        constant.HEARTBEAT_PATIENCE * constant.HEARTBEAT_DEFAULT_INTERVAL)
     assert serverapp_runner.GUARD_INTERVAL_S < constant.HEARTBEAT_DEFAULT_INTERVAL / 5
 
 
