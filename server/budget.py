@@ -24,6 +24,7 @@ import numpy as np
 
 from client.numpy_client import build_mechanism
 from client.policy import DevicePolicy, PolicyDecline, PolicyError
+from client.record_release import plan_record_release
 from client.settings import ClientSettings
 from mechanisms import LedgerCorruptError, PrivacyLedger
 from mechanisms.accountant import BudgetExceededError, LedgerEntry, check_cap, compose
@@ -34,6 +35,10 @@ __all__ = ["DeviceBudget", "budget_lines", "plan_budgets", "shapes_of"]
 #: The setting that caps each family, as a device owner names it.
 CAP_SETTING = {"d-privacy": "cap-d-privacy", "rdp": "cap-epsilon",
                "record": "cap-record-epsilon"}
+
+#: The run-config change that makes one release of each family cheaper.
+CHEAPER = {"cap-d-privacy": "raise noise-multiplier", "cap-epsilon": "lower epsilon",
+           "cap-record-epsilon": "raise record-noise-multiplier"}
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,21 @@ def _plan_one(settings: ClientSettings, event: PrivacyEvent, rounds: int) -> Dev
                         releases, rounds)
 
 
+def _event(settings: ClientSettings, zeros: list[np.ndarray], hypotheses: int) -> PrivacyEvent:
+    """Return the event one release of the device will charge, from public values only.
+
+    A record-level (DP-SGD) release's event is the device's own plan of it
+    (:func:`client.record_release.plan_record_release`: sampling rate, steps, noise and the
+    noisy choice among ``hypotheses``), declined there as the device would decline it.
+    """
+    if settings.privacy.mechanism == "dpsgd":
+        return plan_record_release(settings, [zeros] * hypotheses).event
+    return build_mechanism(settings.privacy).event(zeros, zeros)
+
+
 def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str, Any]],
-                 shapes: list[tuple[int, ...]], done: int = 0) -> list[DeviceBudget]:
+                 shapes: list[tuple[int, ...]], done: int = 0,
+                 hypotheses: int = 1) -> list[DeviceBudget]:
     """Return each device's budget for the run, in SuperNode order.
 
     Parameters
@@ -142,6 +160,9 @@ def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str,
         The shapes of one hypothesis's layers (the task's model).
     done : int
         Rounds a resumed run has already done (they are not asked again).
+    hypotheses : int
+        How many hypotheses each instruction carries (``num-hypotheses``): a record-level
+        release's noisy choice among them is charged with it.
     """
     zeros = [np.zeros(shape, dtype=np.float32) for shape in shapes]
     rounds = max(0, int(run_config.get("num-rounds", 0) or 0) - done)
@@ -156,15 +177,14 @@ def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str,
             plans.append(DeviceBudget(name, "none", None, None, None, 0.0, None, rounds,
                                       note=f"declines the run: {err}"))
             continue
-        if settings.privacy.mechanism == "dpsgd":
-            plans.append(DeviceBudget(settings.name, _unit("record", settings.privacy.ledger_delta),
-                                      None, settings.privacy.cap("record"), CAP_SETTING["record"],
-                                      0.0, None, rounds, note="record-level releases are not "
-                                      "planned here (their cost depends on the local steps)"))
-            continue
         key = (settings.privacy,)
         if key not in cache:
-            cache[key] = build_mechanism(settings.privacy).event(zeros, zeros)
+            try:
+                cache[key] = _event(settings, zeros, hypotheses)
+            except PolicyDecline as err:
+                plans.append(DeviceBudget(settings.name, "none", None, None, None, 0.0, None,
+                                          rounds, note=f"declines the run: {err}"))
+                continue
         plans.append(_plan_one(settings, cache[key], rounds))
     return plans
 
@@ -198,8 +218,8 @@ def budget_lines(plans: list[DeviceBudget]) -> list[str]:
                     if releases else "pays no round: the device declines every one")
             lines.append(
                 f"gpfl: budget of {who}: {setting}={_number(cap)} {what}; raise {setting} (its "
-                "node config or --policy), raise noise-multiplier (a release then costs less), "
-                "or lower num-rounds")
+                f"node config or --policy), {CHEAPER.get(str(setting), 'add noise')} (a release "
+                "then costs less), or lower num-rounds")
     return lines
 
 

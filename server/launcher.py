@@ -126,7 +126,8 @@ def _plan_budgets(settings: RunSettings, config: Mapping[str, Any],
         except (OSError, ValueError):
             done = 0
     plans = plan_budgets(config, {i: {"policy-file": str(policy_file), **node}
-                                  for i, node in nodes.items()}, shapes, done)
+                                  for i, node in nodes.items()}, shapes, done,
+                          settings.num_hypotheses)
     for line in budget_lines(plans):
         echo(line)
     if plans and all(p.releases == 0 for p in plans) and plans[0].rounds > 0:

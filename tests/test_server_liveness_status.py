@@ -13,10 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from client.numpy_client import ReleaseFailedError
+from client.policy import DevicePolicy
+from client.record_release import plan_record_release
+from client.settings import ClientSettings
 from mechanisms import BudgetExceededError, NeighbourhoodEvent, PrivacyLedger
+from mechanisms.record_accounting import record_epsilon
 from server import cli, processes, serverapp_runner, superlink_state
 from server.budget import budget_lines, plan_budgets
 from server.processes import Liveness, ProcessSet, ProcessWatch
@@ -73,6 +78,37 @@ def test_a_gaussian_release_is_planned_with_the_accountant(tmp_path: Path) -> No
     (plan,) = plans
     assert plan.cap_setting == "cap-epsilon" and plan.unit.startswith("RDP epsilon")
     assert 0 < plan.cost < 1.0 and plan.releases is not None and 0 < plan.releases < 6
+
+
+def test_a_record_level_release_is_planned_with_the_devices_own_plan(tmp_path: Path) -> None:
+    # Prepare: DP-SGD with a cap that pays some rounds; the device's ledger charges the event
+    # of its own plan (plan_record_release) for each release, with k = 2's noisy choice.
+    run_config = {"num-rounds": 10, "mechanism": "dpsgd", "record-steps": 20,
+                  "record-noise-multiplier": 8.0, "record-sampling-rate": 0.05}
+    nodes = {0: node(tmp_path, 0, **{"cap-record-epsilon": 3.0, "mechanisms": "dpsgd"})}
+
+    # Execute
+    (plan,) = plan_budgets(run_config, nodes, SYNTHETIC, hypotheses=2)
+
+    # Assert: planned (not skipped), in the record family's unit, and the count is what a real
+    # ledger charges before it refuses.
+    assert plan.note == "" and plan.unit.startswith("record-level RDP epsilon")
+    assert plan.cap_setting == "cap-record-epsilon" and plan.cap == 3.0
+    assert plan.releases is not None and 0 < plan.releases < 10
+    settings = ClientSettings.resolve(run_config, DevicePolicy.load(
+        {**nodes[0], "partition-id": 0}))
+    event = plan_record_release(settings, [[np.zeros(2, np.float32)]] * 2).event
+    assert event.selection_noise_multiplier > 0.0  # k = 2 charges the choice too
+    ledger = PrivacyLedger(tmp_path / "own.json", delta=settings.privacy.ledger_delta)
+    charged = 0
+    with pytest.raises(BudgetExceededError):
+        while True:
+            ledger.charge(event, cap=3.0)
+            charged += 1
+    assert charged == plan.releases
+    assert plan.cost == pytest.approx(record_epsilon([event], settings.privacy.ledger_delta))
+    (_, advice) = budget_lines([plan])
+    assert "raise cap-record-epsilon" in advice and "raise record-noise-multiplier" in advice
 
 
 def report(**clients: dict[str, Any]) -> dict[str, dict[str, Any]]:
