@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -56,6 +58,12 @@ _PR_SET_PDEATHSIG = 1
 #: interval (``flwr.common.constant``: 2 x 30 s; a test checks them). Not imported: the runner
 #: starts before, and without, Flower's import.
 HEARTBEAT_WINDOW_S = 60.0
+#: Seconds a SuperNode keeps retrying a SuperLink that does not answer (Flower's
+#: ``--max-wait-time``, unbounded by default): a device left retrying forever looks alive and
+#: serves nothing. Ten minutes outlast a SuperLink restart (seconds) with room to spare.
+DEFAULT_MAX_WAIT_S = 600.0
+#: Seconds the runner waits for the SuperLink's Fleet port when it checks why its SuperNode ended.
+PROBE_TIMEOUT_S = 3.0
 #: Seconds between two activations of an authenticated SuperNode (see the module notes).
 REACTIVATE_PAUSE_S = 5.0
 class NodeConfigError(ValueError):
@@ -134,6 +142,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="S", help="seconds between the SuperNode's polls of the SuperLink when "
                    f"idle, in [{fleet_poll.MIN_INTERVAL}, {fleet_poll.MAX_INTERVAL:g}] (default "
                    f"{fleet_poll.DEFAULT_INTERVAL}; Flower's own: 3)")
+    p.add_argument("--max-wait-time", type=float, default=DEFAULT_MAX_WAIT_S, metavar="S",
+                   help="seconds the SuperNode keeps trying to reach a SuperLink that does not "
+                        "answer (at start, or lost mid-run) before it stops with a one-line "
+                        f"reason (default {DEFAULT_MAX_WAIT_S:g}; Flower's own: no limit)")
     p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="-- FLOWER_ARGS",
                    help="anything after `--` is passed to flower-supernode as given")
 
@@ -147,7 +159,8 @@ def supernode_argv(args: argparse.Namespace, notify_fd: int | None = None) -> li
     notify = [] if notify_fd is None else [fleet_poll.NOTIFY_FLAG, str(notify_fd)]
     argv = [sys.executable, "-P", "-m", "server.fleet_poll", fleet_poll.FLAG,
             str(args.fleet_poll_interval), *notify, "--isolation", "process",
-            "--superlink", args.superlink, "--port", str(args.port)]
+            "--superlink", args.superlink, "--port", str(args.port),
+            "--max-wait-time", f"{args.max_wait_time:g}"]
     if args.insecure:
         argv.append("--insecure")
     if args.root_certificates:
@@ -185,6 +198,39 @@ def executor_argv(port: int, poll_interval: float | None, parent_pid: int,
     wake = [] if wake_fd is None else ["--wake-fd", str(wake_fd)]
     return [sys.executable, "-P", "-m", "client.executor", "--runtime-api-address",
             f"127.0.0.1:{port}", *poll, *wake, "--parent-pid", str(parent_pid)]
+
+
+def superlink_answers(address: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Try a TCP connection to the SuperLink's Fleet API; return why it failed, or None."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)),
+                                      timeout=timeout):
+            return None
+    except ValueError:
+        return f"{address!r} is not HOST:PORT"
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+def ended_line(code: int, superlink: str, max_wait: float) -> str:
+    """Say in one line why the SuperNode ended, when it ended on its own (not signalled here).
+
+    A SuperNode that gives up on its SuperLink (Flower's exit code 1 after ``--max-wait-time``,
+    or a refused TLS handshake) prints Flower's own reason among its log lines; the runner
+    checks the Fleet port itself so that its last line says whether the SuperLink answers.
+    """
+    if code == 0:
+        return "the SuperNode ended (code 0); stopping the executor"
+    why = superlink_answers(superlink)
+    if why is not None:
+        return (f"stopped: the SuperNode exited with code {code}: the SuperLink at {superlink} "
+                f"does not answer ({why}; the SuperNode gives up after --max-wait-time="
+                f"{max_wait:g} s); check --superlink and that the SuperLink runs, then start "
+                "this device again (its ledger is unchanged)")
+    return (f"stopped: the SuperNode exited with code {code}; the SuperLink at {superlink} "
+            "answers, so see the SuperNode's lines above for why (a TLS certificate, a refused "
+            "key, the SuperLink ending this node)")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -248,6 +294,10 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
     if not 0 < args.port < 65536:
         echo(f"--port must be 1..65535, got --port={args.port}")
         return 2
+    if not (args.max_wait_time > 0 and math.isfinite(args.max_wait_time)):
+        echo(f"--max-wait-time must be a number of seconds > 0, got "
+             f"--max-wait-time={args.max_wait_time}")
+        return 2
     if args.poll_interval is not None and not args.poll_interval > 0:
         echo(f"--poll-interval must be > 0, got --poll-interval={args.poll_interval}")
         return 2
@@ -291,7 +341,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
                 attempt, supernode = time.monotonic(), start_supernode()
                 continue
             if code is not None:
-                echo(f"the SuperNode exited with code {code}; stopping the executor")
+                echo(ended_line(code, args.superlink, args.max_wait_time))
                 return code
             if executor.poll() is not None:
                 ran = time.monotonic() - started
