@@ -5,8 +5,12 @@
 #   supernode [args]  gpfl supernode (a device: Flower's SuperNode served by the gpfl client
 #                     installed in this image; runs of other apps refused, the FAB never run),
 #                     with the security flags below
-#   superexec [args]  flower-superexec (Flower's own executor; not used by gpfl's devices)
-#   submit [args]     flwr run /app <connection> --stream [args]  (the gpfl app, one-shot)
+#   serverapp [args]  gpfl serverapp: the SuperLink's ServerApp, one process a run (warm before
+#                     it claims the run; one line when the SuperLink refuses it)
+#   superexec [args]  flower-superexec (Flower's own executor; not used by gpfl)
+#   submit [args]     gpfl submit /app <connection> [args]: flwr run --stream, followed within
+#                     deadlines (a run that does not start or progress is stopped, one line says
+#                     why; the exit status is the run's)
 #   register KEY...   flwr supernode register KEY <connection>, for each public key
 #   anything else     executed as given
 #
@@ -17,7 +21,8 @@
 #   GPFL_SUPERNODE_AUTH=1   SuperLink: --enable-supernode-auth (needs TLS)
 #   GPFL_AUTH_KEY           SuperNode: its private key (--auth-supernode-private-key)
 #   GPFL_NODE_CONFIG_EXTRA  SuperNode: appended to its --node-config (e.g. device="cuda")
-#   GPFL_SUPERLINK          submit/register: the SuperLink's control API (default superlink:8000)
+#   GPFL_SUPERLINK          serverapp/submit/register: the SuperLink's control and runtime API
+#                           (default superlink:8000)
 set -euo pipefail
 
 role=${1:---help}
@@ -85,12 +90,20 @@ case "$role" in
         done
         exec gpfl supernode "${args[@]}" "${rest[@]}"
         ;;
+    serverapp)
+        args=(--superlink "${GPFL_SUPERLINK:-superlink:8000}")
+        if [[ -n "$tls_dir" ]]; then
+            need "$tls_dir/ca.crt"
+            args+=(--root-certificates "$tls_dir/ca.crt")
+        fi
+        exec gpfl serverapp "${args[@]}" "$@"
+        ;;
     superexec)
         exec flower-superexec "$@"
         ;;
     submit)
         connection
-        exec flwr run /app deploy --stream "$@"
+        exec gpfl submit /app deploy "$@"
         ;;
     register)
         connection
@@ -100,7 +113,7 @@ case "$role" in
         done
         ;;
     -h|--help|help)
-        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
         ;;
     *)
         exec "$role" "$@"

@@ -209,10 +209,12 @@ ids_of() {  # what this project made, by compose label
 
 UP=0
 RUN_PID=""
+PAUSED=""  # a container paused by the start-up deadline check
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
     set +e
+    [[ -n "$PAUSED" ]] && $ENGINE unpause "$PAUSED" >/dev/null 2>&1
     if [[ -n "$RUN_PID" ]]; then  # the submit step, interrupted
         kill -TERM "$RUN_PID" 2>/dev/null
         wait "$RUN_PID" 2>/dev/null
@@ -274,8 +276,8 @@ fi
 
 # ---------------------------------------------------------------- up
 UP=1
-log "starting the SuperLink"
-compose up -d superlink </dev/null >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log" >&2; die "compose up failed"; }
+log "starting the SuperLink and its ServerApp"
+compose up -d superlink serverapp </dev/null >"$WORK/up.log" 2>&1 || { cat "$WORK/up.log" >&2; die "compose up failed"; }
 
 container_of() {  # the container of a service of this project
     $ENGINE ps -aq --filter "label=com.docker.compose.project=$PROJECT" \
@@ -346,9 +348,29 @@ RUN_PID=""
 set -e
 grep -E "\[gpfl\]|ROUND|SUMMARY|ERROR|Traceback" "$WORK/run.log" | sed 's/^/    /' | tail -40 >&2 || true
 (( rc == 124 )) && die "the run did not finish within $RUN_TIMEOUT s"
-(( rc == 0 )) || { tail -40 "$WORK/run.log" >&2; die "flwr run exited with $rc"; }
+(( rc == 0 )) || { tail -40 "$WORK/run.log" >&2; die "gpfl submit exited with $rc"; }
 grep -q "Successfully started run" "$WORK/run.log" || die "the run was not accepted"
 grep -q "Traceback\|ServerApp raised an exception" "$WORK/run.log" && die "the ServerApp failed"
+grep -q "gpfl submit: run [0-9]* ended: complete" "$WORK/run.log" || die "submit did not report the run complete"
+
+# A run whose ServerApp never starts (the serverapp container paused) is stopped by `submit`
+# at its start-up deadline, with one line and exit 1, instead of waiting for ever.
+log "pausing the ServerApp: a second run must be stopped at its start-up deadline"
+PAUSED=$(container_of serverapp)
+$ENGINE pause "$PAUSED" >/dev/null
+set +e
+timeout 300 "${COMPOSE[@]}" -p "$PROJECT" --profile tools "${FILES[@]}" run --rm --no-deps submit \
+    --startup-timeout 15 --run-config "num-rounds=1 out-dir=\"/data/results/stalled\"" \
+    </dev/null >"$WORK/stalled.log" 2>&1
+rc=$?
+set -e
+$ENGINE unpause "$PAUSED" >/dev/null
+PAUSED=""
+(( rc == 1 )) || { tail -20 "$WORK/stalled.log" >&2; die "a run without its ServerApp: submit exited with $rc, expected 1"; }
+grep -q "gpfl submit: failed: the ServerApp did not start within 15 s" "$WORK/stalled.log" \
+    || { tail -20 "$WORK/stalled.log" >&2; die "submit did not say why it stopped the run"; }
+grep -q "stopped with flwr stop" "$WORK/stalled.log" || die "submit did not stop the run"
+log "the run without its ServerApp was stopped: $(grep "gpfl submit: failed" "$WORK/stalled.log" | cut -c1-90)..."
 
 # ---------------------------------------------------------------- checks
 for s in "${SUPERNODES[@]}"; do
@@ -382,7 +404,7 @@ if [[ $CHECK == rounds ]]; then
     grep -q "ROUND 1\]\|\[gpfl\] round 1" "$WORK/run.log" || die "no round happened"
     log "rounds happened (GPFL_SMOKE_CHECK=rounds: summary.json not checked)"
 else
-    $ENGINE exec "$(container_of superlink)" cat "$OUT/summary.json" >"$WORK/summary.json" \
+    $ENGINE exec "$(container_of serverapp)" cat "$OUT/summary.json" >"$WORK/summary.json" \
         || die "no $OUT/summary.json in the results volume"
     python3 - "$WORK/summary.json" "$TOL" "$ROUNDS" <<'EOF' || die "result check failed"
 import json, math, sys

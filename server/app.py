@@ -23,12 +23,13 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.common import Context, Parameters, Scalar
-from flwr.server import Server, ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server import History, Server, ServerAppComponents, ServerConfig, SimpleClientManager
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.server import FitResultsAndFailures
 from flwr.serverapp import ServerApp
@@ -95,6 +96,15 @@ class GpflServer(Server):
     """
 
     _polling: PollingGrid | None = None
+    #: Called once Flower's round loop returns (the run's last line: :meth:`RunRecorder.on_end`).
+    on_end: Callable[[], None] | None = None
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        """Run Flower's rounds, then say how the run ended."""
+        result = super().fit(num_rounds, timeout)
+        if self.on_end is not None:
+            self.on_end()
+        return result
 
     def fit_round(
         self, server_round: int, timeout: float | None
@@ -233,6 +243,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     # GpflServer caps the pool per CPU instead.
     server = GpflServer(client_manager=SimpleClientManager(), strategy=strategy)
     server.set_max_workers(settings.clients_per_round)
+    server.on_end = recorder.on_end
     if settings.num_hypotheses > 1 and remaining > 0:
         # k-means runs from the first aggregation on; its import (1-2 s) belongs to the start,
         # not to round 1 (Flower times the rounds from after server_fn returns).

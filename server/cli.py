@@ -42,14 +42,6 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
     return out
 
 
-#: ``gpfl launch`` exit status of a run that did not do all its rounds (resumable).
-EXIT_INCOMPLETE = 3
-#: ``gpfl launch`` exit status of a run whose devices refused its hypotheses (not resumable).
-EXIT_DIVERGED = 4
-#: ``gpfl launch`` exit status of a run whose devices stopped for their caps (budget-exhausted).
-EXIT_BUDGET = 5
-#: ``gpfl launch`` exit status of a run where most devices failed every round (devices-failed).
-EXIT_DEVICES_FAILED = 6
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
                        "engine", "app_defaults", "ray_address", "superlink_database")
@@ -95,6 +87,7 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
 def _launch(args: argparse.Namespace) -> int:
     from server.launcher import LaunchError, describe, launch
+    from server.results import exit_status
     from server.rundir import ResumeError
 
     try:
@@ -108,15 +101,6 @@ def _launch(args: argparse.Namespace) -> int:
         return 130
     print(describe(result))
     return exit_status(result.status, result.finished)
-
-
-def exit_status(status: str, finished: bool) -> int:
-    """Return ``gpfl launch``'s exit status for a run's status."""
-    codes = {"diverged": EXIT_DIVERGED, "budget-exhausted": EXIT_BUDGET,
-             "devices-failed": EXIT_DEVICES_FAILED}
-    if status in codes:
-        return codes[status]
-    return 0 if finished else EXIT_INCOMPLETE
 
 
 def _ledger(args: argparse.Namespace) -> int:
@@ -164,6 +148,18 @@ def _certs(args: argparse.Namespace) -> int:
 
 def _supernode(args: argparse.Namespace) -> int:
     from server.supernode import run
+
+    return run(args)
+
+
+def _serverapp(args: argparse.Namespace) -> int:
+    from server.serverapp_service import run
+
+    return run(args)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from server.submit import run
 
     return run(args)
 
@@ -217,6 +213,31 @@ def build_parser() -> argparse.ArgumentParser:
                         "giving up (a run without a round for 3 round deadlines and 2 minutes "
                         "is given up too)")
     p.set_defaults(func=_launch)
+
+    p = sub.add_parser(
+        "serverapp", help="serve a SuperLink (--isolation process) with its ServerApp, one "
+                          "process a run (the compose deployment's serverapp service)",
+        description="Serve a SuperLink run with --isolation process: for each run, one "
+                    "ServerApp process that imports Flower before it claims the run (a slow "
+                    "host costs time, not a refused ServerApp) and says so in one line when "
+                    "the SuperLink refuses it; then the next run's.")
+    from server.serverapp_service import add_arguments as serverapp_arguments
+
+    serverapp_arguments(p)
+    p.set_defaults(func=_serverapp)
+
+    p = sub.add_parser(
+        "submit", help="submit a run to a running SuperLink and follow it, within deadlines "
+                       "(flwr run --stream that stops a run which does not start or progress)",
+        description="Submit a run with flwr run --stream and follow its log: a run whose "
+                    "ServerApp does not start within --startup-timeout, or that finishes no "
+                    "round within 3 round deadlines and 2 minutes, is stopped (flwr stop) and "
+                    "the last line says why; the exit status is gpfl launch's for the run's "
+                    "status.")
+    from server.submit import add_arguments as submit_arguments
+
+    submit_arguments(p)
+    p.set_defaults(func=_submit)
 
     p = sub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode key pairs "
                                       "for a real deployment")

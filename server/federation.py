@@ -188,7 +188,8 @@ class Federation:
             self.database.parent.mkdir(parents=True, exist_ok=True)
             argv += ["--database", str(self.database)]
         if simulation_supernodes:
-            argv.append("--simulation")
+            # No SuperExec either: the launcher starts the run's simulation process (submit).
+            argv += ["--simulation", "--isolation", "process"]
         else:
             self.fleet_port = self.fleet_port or free_port()
             # No SuperExec: the launcher starts the run's ServerApp itself (submit).
@@ -298,12 +299,11 @@ class Federation:
         if run_config:
             argv += ["--run-config", format_pairs(run_config)]
         self.logs.mkdir(parents=True, exist_ok=True)
-        if self.fleet_port:  # the deployment engine: its SuperLink starts no ServerApp
-            self.start_serverapp()
+        self.start_serverapp()  # the SuperLink (process isolation) starts none itself
         return self._stream(argv)
 
     def start_serverapp(self) -> None:
-        """Start the ServerApp process of the next run (:mod:`server.serverapp_runner`).
+        """Start the process of the next run: its ServerApp, or its simulation.
 
         It imports Flower, then claims the run the SuperLink holds and serves it; one process
         a run (a previous run's, if still running, is stopped first). Its log:
@@ -311,7 +311,8 @@ class Federation:
         """
         self.procs.stop(SERVERAPP)
         argv = [sys.executable, "-m", "server.serverapp_runner",
-                "--runtime-api-address", f"127.0.0.1:{self.control_port}"]
+                "--runtime-api-address", f"127.0.0.1:{self.control_port}",
+                "--task", "simulation" if self._superlink_args[1] else "serverapp"]
         if self.tls is not None:
             argv += ["--root-certificates", str(self.tls.ca_cert)]
         self.procs.start(SERVERAPP, argv, self.serverapp_log, env=child_env(self._env()))

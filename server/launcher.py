@@ -36,7 +36,7 @@ from server.federation import (
 )
 from server.processes import Liveness, ProcessWatch
 from server.raycluster import ray_cluster_env
-from server.results import ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
+from server.results import END_LINE, ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
 from server.settings import RunSettings, check_launch
 from server.superlink_state import (
@@ -390,8 +390,10 @@ def _run(fed: Federation, out: Path, *, simulation: bool, supernodes: int,
                     continue
                 replay = False
                 seen.add(line)
-                watch.saw(line, ROUND_TAG)
-                if ROUND_TAG in line:
+                watch.saw(line)
+                if END_LINE in line:
+                    pass  # the launcher's own closing lines say it (describe)
+                elif ROUND_TAG in line:
                     echo(line[line.index(ROUND_TAG):])
                 elif "ERROR" in line or "Traceback" in line:
                     echo(line)

@@ -147,7 +147,7 @@ EXIT_REFUSED = 75
 #: How a refused ServerApp's log line starts (server.serverapp_runner's ``REFUSED_MARK``).
 REFUSED_MARK = "gpfl-serverapp: the SuperLink refused this ServerApp"
 #: The line of the ServerApp's log once it holds its run (server.serverapp_runner).
-CLAIMED_MARK = "claimed the ServerApp task of run"
+CLAIMED_MARK = "claimed the task of run"
 
 
 @dataclass
@@ -167,6 +167,67 @@ class Liveness:
     startup_s: float
     stall_s: float
     log: Path | None = None
+
+
+class ProgressClock:
+    """Whether a run's log shows progress within its :class:`Liveness` deadlines.
+
+    The run's log is read line by line (:meth:`saw`): the ServerApp's first ``tag`` line says it
+    started; each ``tag round`` line is a round finished. :meth:`overdue` says, in one line with
+    what to try, when the first came later than ``startup_s`` or the next round later than
+    ``stall_s``. ``gpfl launch`` and ``gpfl submit`` (the compose deployment) share it.
+    Thread-safe: lines arrive on one thread, the deadline is checked on another.
+    """
+
+    def __init__(self, liveness: Liveness, tag: str = "[gpfl]") -> None:
+        self.liveness, self.tag = liveness, tag
+        #: Whether the ServerApp wrote its first ``tag`` line; how many round lines since.
+        self.started = False
+        self.rounds_seen = 0
+        #: The round number of the last round line ("" before the first).
+        self.last_round = ""
+        self._last_progress = time.monotonic()
+        self._lock = threading.Lock()
+
+    def restart(self) -> None:
+        """Start the clock again (the watch begins, or the run's stream starts again)."""
+        with self._lock:
+            self._last_progress = time.monotonic()
+
+    def saw(self, line: str) -> None:
+        """Note a line of the run's log: the ServerApp's first ``tag`` line, or a round's."""
+        tag = self.tag
+        with self._lock:
+            if tag in line and not self.started:
+                self.started = True
+                self._last_progress = time.monotonic()
+            elif f"{tag} round " in line:
+                self.rounds_seen += 1
+                self.last_round = line.split(f"{tag} round ", 1)[1].split("/", 1)[0]
+                self._last_progress = time.monotonic()
+
+    def overdue(self, claimed: bool | None = None, where: str = "the logs") -> str | None:
+        """Return why the run is given up (a deadline passed without progress), or None.
+
+        ``claimed``: whether the ServerApp had claimed the run (None: not known here);
+        ``where``: where the user looks next.
+        """
+        with self._lock:
+            quiet = time.monotonic() - self._last_progress
+            started, last = self.started, self.last_round
+        if not started and quiet >= self.liveness.startup_s:
+            state = ("" if claimed is None else
+                     f"it had {'' if claimed else 'not yet '}claimed the run; ")
+            return (f"the ServerApp did not start within {self.liveness.startup_s:.0f} s of the "
+                    f"submission ({state}no {self.tag} line): the host is too slow or "
+                    "overloaded; try again when it is less busy, with fewer --supernodes, or "
+                    "with a longer --startup-timeout")
+        if started and quiet >= self.liveness.stall_s:
+            after = f"round {last}'s line" if last else "the ServerApp started"
+            return (f"no round finished within {self.liveness.stall_s:.0f} s after {after} "
+                    "(3 round deadlines and 2 minutes): the ServerApp or its devices stopped "
+                    f"making progress; see {where}")
+        return None
 
 
 class ProcessWatch:
@@ -196,21 +257,17 @@ class ProcessWatch:
         self.refused = False
         #: Why the launcher ended the run's stream (refused, not started, stalled), if it did.
         self.stop_reason: str | None = None
-        #: Whether the ServerApp wrote its first ``[gpfl]`` line; how many round lines since.
-        self.started = False
-        self.rounds_seen = 0
-        #: The round number of the last round line ("" before the first).
-        self.last_round = ""
-        self._last_progress = time.monotonic()
+        #: The run's progress, read from its log (None: no deadlines).
+        self.clock = ProgressClock(liveness) if liveness is not None else None
         self._serverapp_seen = False
         self._serverapp_missing_since: float | None = None
         self._seen: set[int] = set()
-        self._lock = threading.Lock()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> ProcessWatch:
-        self._last_progress = time.monotonic()
+        if self.clock is not None:
+            self.clock.restart()
         self._thread.start()
         return self
 
@@ -226,21 +283,15 @@ class ProcessWatch:
         """Drop ``name`` from :attr:`died` (it was started again); return its exit code."""
         return self.died.pop(name, None)
 
-    def saw(self, line: str, tag: str = "[gpfl]") -> None:
-        """Note a line of the run's log: the ServerApp's first ``tag`` line, or a round's."""
-        with self._lock:
-            if tag in line and not self.started:
-                self.started = True
-                self._last_progress = time.monotonic()
-            elif f"{tag} round " in line:
-                self.rounds_seen += 1
-                self.last_round = line.split(f"{tag} round ", 1)[1].split("/", 1)[0]
-                self._last_progress = time.monotonic()
+    def saw(self, line: str) -> None:
+        """Note a line of the run's log (:meth:`ProgressClock.saw`)."""
+        if self.clock is not None:
+            self.clock.saw(line)
 
     def resumed(self) -> None:
         """Restart the clock: the run's stream starts again (a SuperLink restarted)."""
-        with self._lock:
-            self._last_progress = time.monotonic()
+        if self.clock is not None:
+            self.clock.restart()
 
     def check(self) -> None:
         """Report every watched process that has exited since the last check."""
@@ -328,27 +379,12 @@ class ProcessWatch:
             self.refused = True
 
     def _check_progress(self) -> None:
-        if self.liveness is None or not self._stream_running():
+        if self.clock is None or self.liveness is None or not self._stream_running():
             return
-        with self._lock:
-            quiet = time.monotonic() - self._last_progress
-            started, last = self.started, self.last_round
-        if not started and quiet >= self.liveness.startup_s:
-            claimed = _log_has(self.liveness.log, CLAIMED_MARK)
-            self.stop_reason = (
-                f"the ServerApp did not start within {self.liveness.startup_s:.0f} s of the "
-                f"submission (it had {'' if claimed else 'not yet '}claimed the run; no [gpfl] "
-                "line): the host is too slow or overloaded; try again when it is "
-                "less busy, with fewer --supernodes, or with a longer --startup-timeout")
-        elif started and quiet >= self.liveness.stall_s:
-            after = f"round {last}'s line" if last else "the ServerApp started"
-            self.stop_reason = (
-                f"no round finished within {self.liveness.stall_s:.0f} s after {after} "
-                "(3 round deadlines and 2 minutes): the ServerApp or its devices stopped "
-                "making progress; see the logs")
-        else:
-            return
-        self._end_stream()
+        reason = self.clock.overdue(claimed=_log_has(self.liveness.log, CLAIMED_MARK))
+        if reason is not None:
+            self.stop_reason = reason
+            self._end_stream()
 
 
 def _log_has(log: Path | None, text: str) -> bool:

@@ -31,8 +31,30 @@ from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 logger = logging.getLogger(__name__)
 
 ROUND_TAG = "[gpfl]"
+#: How the ServerApp's last line starts; the run's status and why follow (``RunRecorder.on_end``).
+END_LINE = f"{ROUND_TAG} run ended:"
 STATUSES = ("running", "complete", "stopped-early", "incomplete", "diverged",
             "budget-exhausted", "devices-failed")
+#: Exit status of a run that did not do all its rounds (resumable).
+EXIT_INCOMPLETE = 3
+#: Exit status of a run whose devices refused its hypotheses (not resumable).
+EXIT_DIVERGED = 4
+#: Exit status of a run whose devices stopped for their caps (budget-exhausted).
+EXIT_BUDGET = 5
+#: Exit status of a run where most devices failed every round (devices-failed).
+EXIT_DEVICES_FAILED = 6
+
+
+def exit_status(status: str, finished: bool) -> int:
+    """Return the exit status of ``gpfl launch`` and ``gpfl submit`` for a run's status.
+
+    ``finished``: whether the run did all its rounds (or stopped early on patience).
+    """
+    codes = {"diverged": EXIT_DIVERGED, "budget-exhausted": EXIT_BUDGET,
+             "devices-failed": EXIT_DEVICES_FAILED}
+    if status in codes:
+        return codes[status]
+    return 0 if finished else EXIT_INCOMPLETE
 #: The setting that caps each family a device declines for (``decline-reason`` names it).
 CAP_SETTINGS = {"d-privacy": "cap-d-privacy", "rdp": "cap-epsilon",
                 "record": "cap-record-epsilon"}
@@ -493,6 +515,16 @@ class RunRecorder:
         if self.strategy.stopped_early and record.val_loss is not None:
             logger.info("%s stopped early after round %d: no improvement", ROUND_TAG,
                         record.round)
+
+    def on_end(self) -> None:
+        """Write the summary once more and say how the run ended, in its last ``[gpfl]`` line.
+
+        The line (:data:`END_LINE`) is how a watcher without the run's files (``gpfl submit``
+        in a container) learns the status: ``complete``, ``budget-exhausted``, ...
+        """
+        summary = self.write()
+        reason = summary.get("incomplete_reason")
+        logger.info("%s %s%s", END_LINE, summary["status"], f": {reason}" if reason else "")
 
     def on_stop(self, reason: str) -> None:
         """Record that the run stops before its last round (too few devices)."""

@@ -25,8 +25,14 @@ process in its place, one per submitted run:
   heartbeat, 60 s after), the guard writes :data:`REFUSED_MARK` and the reason in one line and
   ends the process with :data:`EXIT_REFUSED` at once; the launcher turns that into its last line.
 
-Run as ``python -m server.serverapp_runner --runtime-api-address 127.0.0.1:PORT``. It imports no
-other gpfl module: the FAB's ``server`` package must load from the FAB, not from this install.
+The Simulation Engine's run is the same kind of task (``flwr-simulation``, which starts the
+ServerApp and the virtual SuperNodes in one process) and comes up the same way: with
+``--task simulation`` this process claims a simulation task instead and runs Flower's simulation
+runtime (:func:`flwr.simulation.app.run_simulation_process`), with the same guarantees.
+
+Run as ``python -m server.serverapp_runner --runtime-api-address 127.0.0.1:PORT [--task
+simulation]``. It imports no other gpfl module: the FAB's ``server`` package must load from the
+FAB, not from this install.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from queue import Queue
 from typing import Any
 
@@ -62,6 +69,39 @@ __all__ = ["CLAIM_WINDOW_S", "EXIT_REFUSED", "GUARD_INTERVAL_S", "REFUSED_MARK",
 logger = logging.getLogger("gpfl.serverapp")
 #: Flower's ServerApp runtime, the module (its package re-exports a function of the same name).
 flower_serverapp = importlib.import_module("flwr.superlink.runtime.run_serverapp")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One kind of task this process can claim, and Flower's runtime that runs it.
+
+    Attributes
+    ----------
+    task_type : str
+        The task type claimed (Flower's ``TaskType`` value).
+    module : str
+        The module of Flower's runtime.
+    entry : str
+        Its function that runs the claimed task (``runtime_api_address``, ``log_queue``,
+        ``token``, ``insecure``, ``certificates``, ``runtime_dependency_install``).
+    app_call : str
+        The module's function that runs the app itself: wrapped, so that the guard stops once
+        it returns (Flower then pushes the task's output, and the SuperLink revokes the token).
+    """
+
+    task_type: str
+    module: str
+    entry: str
+    app_call: str
+
+
+#: The runtimes, by ``--task``: the Deployment Engine's ServerApp, and the Simulation Engine's run.
+RUNTIMES = {
+    "serverapp": Runtime(TaskType.SERVER_APP.value, "flwr.superlink.runtime.run_serverapp",
+                         "run_serverapp", "run_"),
+    "simulation": Runtime(TaskType.SIMULATION.value, "flwr.simulation.app",
+                          "run_simulation_process", "_run_simulation"),
+}
 
 #: Seconds Flower 1.39's SuperLink gives a claimed task to send its first heartbeat (its
 #: ``HEARTBEAT_DEFAULT_INTERVAL``); afterwards each heartbeat buys ``HEARTBEAT_PATIENCE`` times
@@ -148,13 +188,14 @@ def _client(address: str, insecure: bool, certificates: bytes | None,
         retry_invoker=make_simple_http_retry_invoker() if retry else None)
 
 
-def acquire(address: str, insecure: bool, certificates: bytes | None) -> tuple[str, int]:
-    """Wait for a ServerApp task and claim it; return its token and run id."""
+def acquire(address: str, insecure: bool, certificates: bytes | None,
+            task_type: str = TaskType.SERVER_APP.value) -> tuple[str, int]:
+    """Wait for a task of ``task_type`` and claim it; return its token and run id."""
     poller = _client(address, insecure, certificates)
     try:
         while True:
             res = poller.AcquireTask(AcquireTaskRequest(
-                supported_task_types=[TaskType.SERVER_APP.value], agentapp_fab_hashes=[]))
+                supported_task_types=[task_type], agentapp_fab_hashes=[]))
             if res.HasField("task") and res.token:
                 return res.token, int(res.task.run_id)
             time.sleep(POLL_INTERVAL_S)
@@ -170,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the SuperLink's Runtime API (HOST:PORT)")
     parser.add_argument("--root-certificates", default=None,
                         help="CA of the Runtime API's TLS certificate (default: plain HTTP)")
+    parser.add_argument("--task", choices=sorted(RUNTIMES), default="serverapp",
+                        help="the task to claim: a Deployment Engine ServerApp (default) or a "
+                             "Simulation Engine run")
     args = parser.parse_args(argv)
+    runtime = RUNTIMES[args.task]
+    # The simulation runtime is imported here, before the claim, like the ServerApp's.
+    flower_runtime = importlib.import_module(runtime.module)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -180,12 +227,12 @@ def main(argv: list[str] | None = None) -> int:
     # name and reuses what sys.modules holds): drop the `server` package `-m` imported.
     for name in [m for m in sys.modules if m == "server" or m.startswith("server.")]:
         del sys.modules[name]
-    token, run_id = acquire(args.runtime_api_address, insecure, certificates)
+    token, run_id = acquire(args.runtime_api_address, insecure, certificates, runtime.task_type)
     guard = HeartbeatGuard(_client(args.runtime_api_address, insecure, certificates,
                                    token=token, retry=False))
     guard.start()
-    logger.info("claimed the ServerApp task of run %d", run_id)
-    run_app = getattr(flower_serverapp, "run_")  # noqa: B009 - a module attribute mypy cannot see
+    logger.info("claimed the task of run %d (%s)", run_id, args.task)
+    run_app = getattr(flower_runtime, runtime.app_call)
 
     def run_then_stop_guard(**kwargs: Any) -> Any:
         # Once the app returns, Flower pushes the task's output and the SuperLink revokes the
@@ -195,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             guard.stop()
 
-    setattr(flower_serverapp, "run_", run_then_stop_guard)  # noqa: B010 - as above
+    setattr(flower_runtime, runtime.app_call, run_then_stop_guard)
     log_queue: Queue[str | None] = Queue()
     mirror_output_to_queue(log_queue)  # the run's log, as `flwr run --stream` shows it
     try:
-        flower_serverapp.run_serverapp(
+        getattr(flower_runtime, runtime.entry)(
             runtime_api_address=args.runtime_api_address, log_queue=log_queue, token=token,
             insecure=insecure, certificates=certificates, runtime_dependency_install=False)
     finally:

@@ -49,7 +49,8 @@ from typing import Any
 from server import fleet_poll
 from server.processes import child_env, terminate_tree
 
-__all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "supernode_argv"]
+__all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "start_child",
+           "stop_child", "supernode_argv"]
 
 #: The port of the SuperNode's Runtime API when none is given (Flower's default).
 DEFAULT_PORT = 9094
@@ -242,14 +243,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
             pass
 
 
-def _start(argv: Sequence[str], pass_fd: int | None = None) -> subprocess.Popen[bytes]:
-    # Own session = own process group: stopping the group reaches anything the child starts.
+def start_child(argv: Sequence[str], pass_fd: int | None = None) -> subprocess.Popen[bytes]:
+    """Start a child in a session of its own, told by the kernel to stop when this process dies.
+
+    Own session = own process group: stopping the group reaches anything the child starts.
+    ``pass_fd``: a file descriptor the child inherits.
+    """
     return subprocess.Popen(list(argv), env=child_env(), stdin=subprocess.DEVNULL,
                             start_new_session=True, preexec_fn=_die_with_parent,
                             pass_fds=() if pass_fd is None else (pass_fd,))
 
 
-def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 5.0) -> None:
+def stop_child(proc: subprocess.Popen[bytes] | None, timeout: float = 5.0) -> None:
     """Stop a child's process group (SIGTERM, then SIGKILL), and any descendant left."""
     if proc is None:
         return
@@ -312,10 +317,11 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
     wake_fd, notify_fd = os.pipe()
 
     def start_supernode() -> subprocess.Popen[bytes]:
-        return _start(supernode_argv(args, notify_fd), notify_fd)
+        return start_child(supernode_argv(args, notify_fd), notify_fd)
 
     def start_executor() -> subprocess.Popen[bytes]:
-        return _start(executor_argv(args.port, args.poll_interval, os.getpid(), wake_fd), wake_fd)
+        argv = executor_argv(args.port, args.poll_interval, os.getpid(), wake_fd)
+        return start_child(argv, wake_fd)
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for s in previous:
@@ -359,8 +365,8 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
     finally:
         for s in previous:
             signal.signal(s, signal.SIG_IGN)  # no second signal interrupts the cleanup
-        _stop(executor)
-        _stop(supernode)
+        stop_child(executor)
+        stop_child(supernode)
         os.close(wake_fd)
         os.close(notify_fd)
         for s, handler in previous.items():

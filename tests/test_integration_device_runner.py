@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +26,13 @@ import numpy as np
 import psutil
 import pytest
 
+from server.fab import stage_app
+from server.federation import CONNECTION
 from server.launcher import Federation, free_port, project_root, stream_lines
-from server.processes import bin_dir, child_env
+from server.processes import SERVERAPP, bin_dir, child_env
+from server.results import END_LINE, ROUND_TAG
+from server.superlink_state import STARTED
+from settings.pairs import format_pairs
 from tests.conftest import close_federation, descendants, flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
@@ -225,6 +231,108 @@ def test_a_policy_decline_is_a_reply_not_an_error(federation: Federation) -> Non
 
 
 # --- the runner's own processes ------------------------------------------------------------
+# --- gpfl submit: a run followed within deadlines, as the compose deployment submits it ------
+def gpfl_submit(fed: Federation, app: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``gpfl submit APP <the federation's connection> ARGS`` to its end."""
+    return subprocess.run(
+        [str(bin_dir() / "gpfl"), "submit", str(app), CONNECTION, *args],
+        capture_output=True, text=True, timeout=300, check=False,
+        env=child_env({"FLWR_HOME": str(fed.flwr_home)}))
+
+
+def run_status(fed: Federation, run_id: int) -> str:
+    """The run's status as the SuperLink reports it (``flwr ls --run-id``)."""
+    done = subprocess.run([str(bin_dir() / "flwr"), "ls", CONNECTION, "--run-id", str(run_id),
+                           "--format", "json"], capture_output=True, text=True, timeout=60,
+                          check=True, env=child_env({"FLWR_HOME": str(fed.flwr_home)}))
+    (run,) = json.loads(done.stdout)["runs"]
+    return str(run["status"])
+
+
+def test_gpfl_submit_stops_a_run_whose_serverapp_never_starts(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: no ServerApp process serves the SuperLink (process isolation): the run stays
+    # pending, as when every ServerApp is refused or never comes up.
+    app = stage_app(project_root(), tmp_path / "app")
+    federation.procs.stop(SERVERAPP)
+    before = spent(federation)
+
+    # Execute
+    done = gpfl_submit(federation, app, "--startup-timeout", "10", "--run-config",
+                       format_pairs({**RUN, "out-dir": str(tmp_path / "out")}))
+
+    # Assert: exit 1 (no round ran), one line saying what and what to try, the run stopped on
+    # the SuperLink (no ServerApp started later can pick it up), nothing charged.
+    last = [ln for ln in done.stderr.splitlines() if ln.startswith("gpfl submit:")][-1]
+    run_id = int(STARTED.search(done.stdout).group(1))  # type: ignore[union-attr]
+    assert done.returncode == 1, done.stderr
+    assert last == (
+        "gpfl submit: failed: the ServerApp did not start within 10 s of the submission (no "
+        "[gpfl] line): the host is too slow or overloaded; try again when it is less busy, "
+        "with fewer --supernodes, or with a longer --startup-timeout (run "
+        f"{run_id} stopped with flwr stop)"), last
+    assert run_status(federation, run_id).startswith("finished:stopped")
+    assert spent(federation) == before
+
+
+def test_gpfl_serverapp_serves_run_after_run_and_gpfl_submit_follows_each_to_its_status(
+    federation: Federation, tmp_path: Path
+) -> None:
+    # Prepare: `gpfl serverapp` serving the SuperLink (as the compose deployment's `serverapp`
+    # service does), in place of the launcher's own ServerApp process.
+    app = stage_app(project_root(), tmp_path / "app")
+    federation.procs.stop(SERVERAPP)
+    service = subprocess.Popen(
+        [str(bin_dir() / "gpfl"), "serverapp", "--superlink",
+         f"127.0.0.1:{federation.control_port}"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=child_env(), start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(service.stdout or []), daemon=True)
+    reader.start()
+    try:
+        # Execute: two runs, one after the other; then wait for the second run's process to end
+        # (it pushes its output after the log has ended) and stop the service.
+        runs = [gpfl_submit(federation, app, "--run-config",
+                            format_pairs({**RUN, "num-rounds": rounds,
+                                          "out-dir": str(tmp_path / f"out{rounds}")}))
+                for rounds in (2, 1)]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "".join(lines).count("its run ended") < 2:
+            time.sleep(0.2)
+    finally:
+        service.send_signal(signal.SIGTERM)
+        code = service.wait(timeout=30)
+        reader.join(timeout=10)
+        if service.stdout is not None:
+            service.stdout.close()
+        said = "".join(lines)
+
+    # Assert: each run's log went to stdout, its last line gave the status, the exit status is
+    # gpfl launch's for it; each run had its own ServerApp process, and SIGTERM stopped the
+    # service (exit 128 + 15).
+    for done, rounds in zip(runs, (2, 1), strict=True):
+        last = [ln for ln in done.stderr.splitlines() if ln.startswith("gpfl submit:")][-1]
+        run_id = int(STARTED.search(done.stdout).group(1))  # type: ignore[union-attr]
+        assert done.returncode == 0, done.stderr
+        assert f"{ROUND_TAG} round {rounds}/{rounds}" in done.stdout
+        assert f"{END_LINE} complete" in done.stdout
+        assert last == f"gpfl submit: run {run_id} ended: complete"
+        summary = json.loads((tmp_path / f"out{rounds}" / "summary.json").read_text())
+        assert summary["status"] == "complete"
+    assert said.count("ended with code 0: its run ended") == 2, said
+    assert code == 128 + signal.SIGTERM, said
+
+
+def test_gpfl_submit_refuses_a_bad_run_config_before_submitting(
+    federation: Federation, tmp_path: Path
+) -> None:
+    done = gpfl_submit(federation, tmp_path, "--run-config", "num-rounds=-3")
+    assert done.returncode == 1
+    assert "nothing submitted" in done.stderr and "num-rounds" in done.stderr
+    assert "-3" in done.stderr and "Successfully started run" not in done.stdout
+
+
 def start_runner(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
     """``gpfl supernode`` towards a SuperLink that is not there; wait for its 2 children."""
     with open(tmp_path / "runner.log", "wb") as log:  # the child keeps its own descriptor

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from server import cli
+from server import results
 from server.launcher import describe, launch
 from tests.conftest import flower_processes, ledger_spend
 
@@ -54,7 +54,7 @@ def test_devices_that_stop_for_their_caps_end_the_run_budget_exhausted(
     assert any("cap-d-privacy=1.2 pays 3 of the 10 rounds" in line for line in table), table
     summary = result.summary
     assert result.status == "budget-exhausted" and summary["status"] == "budget-exhausted"
-    assert cli.exit_status(result.status, result.finished) == cli.EXIT_BUDGET == 5
+    assert results.exit_status(result.status, result.finished) == results.EXIT_BUDGET == 5
     assert summary["rounds_completed"] == 3 and summary["last_round"] == 10
     reason = summary["incomplete_reason"]
     assert "client-0, client-1 reached their caps (cap-d-privacy)" in reason
@@ -86,7 +86,7 @@ def test_most_devices_failing_every_round_end_the_run_devices_failed(
     # Assert: named by client-name with the failure's class; its own status and exit code.
     summary = result.summary
     assert result.status == "devices-failed", summary["incomplete_reason"]
-    assert cli.exit_status(result.status, result.finished) == cli.EXIT_DEVICES_FAILED == 6
+    assert results.exit_status(result.status, result.finished) == results.EXIT_DEVICES_FAILED == 6
     assert summary["devices"]["failing"] == {"client-1": "ledger", "client-2": "ledger",
                                              "client-3": "ledger"}
     assert "3 of 4 devices failed every round" in summary["incomplete_reason"]
@@ -110,7 +110,7 @@ def test_a_run_whose_devices_worked_is_complete_and_names_the_one_that_did_not(
 
     # Assert
     summary = result.summary
-    assert result.status == "complete" and cli.exit_status(result.status, True) == 0
+    assert result.status == "complete" and results.exit_status(result.status, True) == 0
     assert summary["devices"]["failing"] == {"client-2": "ledger"}
     assert summary["devices"]["working"] == 2
     assert "failed every round they were asked: client-2 (ledger)" in describe(result)

@@ -22,7 +22,7 @@ from client.record_release import plan_record_release
 from client.settings import ClientSettings
 from mechanisms import BudgetExceededError, NeighbourhoodEvent, PrivacyLedger
 from mechanisms.record_accounting import record_epsilon
-from server import cli, processes, serverapp_runner, superlink_state
+from server import cli, processes, results, serverapp_runner, superlink_state
 from server.budget import budget_lines, plan_budgets
 from server.processes import Liveness, ProcessSet, ProcessWatch
 from server.results import device_health, health_status
@@ -157,11 +157,11 @@ def test_a_device_failure_names_the_device_and_its_class_only() -> None:
 
 
 def test_each_status_has_its_exit_code() -> None:
-    assert cli.exit_status("complete", True) == 0
-    assert cli.exit_status("incomplete", False) == cli.EXIT_INCOMPLETE == 3
-    assert cli.exit_status("diverged", False) == 4
-    assert cli.exit_status("budget-exhausted", False) == cli.EXIT_BUDGET == 5
-    assert cli.exit_status("devices-failed", False) == cli.EXIT_DEVICES_FAILED == 6
+    assert results.exit_status("complete", True) == 0
+    assert results.exit_status("incomplete", False) == results.EXIT_INCOMPLETE == 3
+    assert results.exit_status("diverged", False) == 4
+    assert results.exit_status("budget-exhausted", False) == results.EXIT_BUDGET == 5
+    assert results.exit_status("devices-failed", False) == results.EXIT_DEVICES_FAILED == 6
 
 
 def test_the_runner_and_the_watch_agree_and_match_flower() -> None:

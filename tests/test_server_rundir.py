@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from mechanisms import MetricPrivacyEvent, PrivacyLedger
-from server import cli
+from server import cli, results
 from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
 from server.launcher import LaunchResult, describe
 from server.processes import ProcessSet, ProcessWatch
@@ -166,7 +166,7 @@ def test_the_closing_line_counts_rounds_that_kept_the_hypotheses() -> None:
 
 
 @pytest.mark.parametrize(("status", "code"), [("complete", 0), ("stopped-early", 0),
-                                              ("incomplete", cli.EXIT_INCOMPLETE)])
+                                              ("incomplete", results.EXIT_INCOMPLETE)])
 def test_the_exit_status_says_whether_the_run_finished(
     monkeypatch: pytest.MonkeyPatch, status: str, code: int
 ) -> None:
