@@ -36,6 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PREFIXES = ("gpfl ", "gpfl-experiment ", "./gpfl.sh ", "python -m ")
 GPFL_SH = ("setup", "test", "experiment", "experiments", "report", "help")
+#: A line a command prints (``gpfl submit: failed: ...``), quoted in the docs: not a command.
+OUTPUT_LINE = re.compile(r"gpfl [a-z]+: ")
 
 
 def _blocks_and_inline(text: str) -> tuple[list[str], list[str]]:
@@ -56,7 +58,8 @@ def _blocks_and_inline(text: str) -> tuple[list[str], list[str]]:
               for part in re.split(r"\s*&&\s*", line.strip())]
     inline = "\n".join(prose).split("`")[1::2]
     return ([c for c in blocks if c.startswith(PREFIXES)],
-            [c for c in inline if c.startswith(PREFIXES) and "\n" not in c])
+            [c for c in inline if c.startswith(PREFIXES) and "\n" not in c
+             and not OUTPUT_LINE.match(c)])
 
 
 COMMANDS = [(doc.name, kind, command) for doc in DOCS
