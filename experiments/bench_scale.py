@@ -20,7 +20,7 @@ Ray starts its workers (the Ray actors that run the ClientApps) 15 niceness leve
 parent by default; the benchmark asks for none (``RAY_worker_niceness=0``, for both apps), so
 that on a shared machine the actors run at the benchmark's own priority.
 
-With ``--py-spy DIR`` every run's ServerApp process (``flwr-simulation``) and Ray actors
+With ``--py-spy DIR`` every run's simulation process (``server.serverapp_runner``) and Ray actors
 (``ray::ClientAppActor``) are sampled with py-spy (``--gil``: where CPU goes, in raw form,
 ``DIR/<run>-<role>-<pid>.txt``) and the heaviest frames of each are printed. Sampling costs
 the sampled processes little (``--nonblocking``) but takes CPU of its own: time a run without it.
@@ -47,7 +47,7 @@ from client.policy import POLICY_ENV
 from experiments.bench_round import timed_run
 from experiments.scale import MemoryMonitor
 from server.launcher import Federation, project_root
-from server.processes import bin_dir
+from server.processes import SERVERAPP, bin_dir
 
 _LINE_NUMBER = re.compile(r":\d+\)$")
 
@@ -58,7 +58,8 @@ class Profiler:
     Parameters
     ----------
     fed : Federation
-        The federation; its SuperLink's descendants are watched.
+        The federation; its run's simulation process and that process's descendants are
+        watched.
     out : Path
         Where the raw profiles go.
     """
@@ -91,11 +92,14 @@ class Profiler:
     def _watch(self) -> None:
         py_spy = str(bin_dir() / "py-spy")
         while not self._stop.wait(0.3):
-            link = self.fed.procs.procs.get("superlink")
-            if link is None:
+            # The run's simulation process is the launcher's own (server.serverapp_runner),
+            # and Ray's actors are its descendants.
+            run = self.fed.procs.procs.get(SERVERAPP)
+            if run is None or run.poll() is not None:
                 continue
             try:
-                children = psutil.Process(link.pid).children(recursive=True)
+                children = [psutil.Process(run.pid),
+                            *psutil.Process(run.pid).children(recursive=True)]
             except psutil.Error:
                 continue
             for child in children:
@@ -105,7 +109,7 @@ class Profiler:
                     continue
                 if child.pid in self._seen:
                     continue
-                role = ("serverapp" if "flwr-simulation" in command else
+                role = ("serverapp" if child.pid == run.pid else
                         "actor" if command.startswith("ray::ClientAppActor") else None)
                 if role is None:
                     continue
