@@ -30,9 +30,9 @@ ServerApp and the virtual SuperNodes in one process) and comes up the same way: 
 ``--task simulation`` this process claims a simulation task instead and runs Flower's simulation
 runtime (:func:`flwr.simulation.app.run_simulation_process`), with the same guarantees.
 
-There, the Simulation Engine's dispatcher is gpfl's (:mod:`server.simulation_dispatch`): the
-same instructions to the same workers, in time that grows with the instructions in flight rather
-than with the virtual users.
+There, the Simulation Engine's dispatcher and node contexts are gpfl's
+(:mod:`server.simulation_scale`): the same instructions to the same workers, the same contexts,
+at a cost that grows with the round rather than with the virtual users.
 
 Run as ``python -m server.serverapp_runner --runtime-api-address 127.0.0.1:PORT [--task
 simulation]``. It imports no other gpfl module than that dispatcher (which imports only Flower),
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     # The simulation runtime is imported here, before the claim, like the ServerApp's.
     flower_runtime = importlib.import_module(runtime.module)
     if args.task == "simulation":
-        importlib.import_module("server.simulation_dispatch").install()
+        importlib.import_module("server.simulation_scale").install()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -1,8 +1,9 @@
-"""gpfl's Simulation Engine dispatcher hands out what Flower's does, in one pass a cycle.
+"""The Simulation Engine at many users: gpfl's dispatcher and node contexts are Flower's own.
 
-Both run against Flower's own in-memory LinkState. The instructions are stand-ins carrying the
-metadata both read (destination, run, delivered); Flower's check of the stored instructions
-(expiry, federation) is recorded rather than run, since the stand-ins have no run.
+The dispatcher runs against Flower's own in-memory LinkState, beside Flower's. The instructions
+are stand-ins carrying the metadata both read (destination, run, delivered); Flower's check of
+the stored instructions (expiry, federation) is recorded rather than run, since the stand-ins have
+no run. The lazy node contexts are compared with those Flower's engine builds up front.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from flwr.server.superlink.fleet.vce import vce_api
 from flwr.server.superlink.linkstate import LinkStateFactory
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.run import Run
 from flwr.superlink.federation import NoOpFederationManager
 
-from server import simulation_dispatch
-from server.simulation_dispatch import add_messages_to_queue, take_undelivered
+from server import simulation_scale
+from server.launcher import project_root
+from server.simulation_scale import LazyNodeStores, add_messages_to_queue, take_undelivered
 
 
 def state_with(messages: list[tuple[str, int]]) -> Any:
@@ -85,6 +88,40 @@ def test_the_dispatcher_thread_queues_and_stops() -> None:
 
 def test_install_replaces_flowers_dispatcher_in_its_module(monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
-    monkeypatch.setattr(vce_api, "add_messages_to_queue", simulation_dispatch.FLOWER_ADD_MESSAGES)
-    simulation_dispatch.install()
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", simulation_scale.FLOWER_ADD_MESSAGES)
+    simulation_scale.install()
+    monkeypatch.setattr(vce_api, "_register_node_info_stores",
+                        vce_api._register_node_info_stores)
+    simulation_scale.install()
     assert vce_api.add_messages_to_queue is add_messages_to_queue
+    assert vce_api._register_node_info_stores is simulation_scale.lazy_node_info_stores
+
+
+def test_a_lazy_node_context_is_the_one_flower_builds_up_front() -> None:
+    # Prepare: 50 virtual nodes of a run of this app, with a run-config override.
+    run = Run.create_empty(run_id=7)
+    run.override_config = {"num-rounds": 3}
+    nodes = {1000 + i: i for i in range(50)}
+    flower = vce_api._register_node_info_stores(nodes, run, app_dir=str(project_root()))
+
+    # Execute
+    lazy = LazyNodeStores(nodes, run, app_dir=str(project_root()))
+    built = {node: lazy[node] for node in (1003, 1049, 1000)}
+
+    # Assert: only the nodes asked for exist; each holds what Flower's holds; contexts are not
+    # shared between nodes; an unknown node is still a KeyError.
+    assert sorted(lazy) == [1000, 1003, 1049]
+    for node, store in built.items():
+        mine, theirs = store.run_infos[7], flower[node].run_infos[7]
+        assert store.node_config == flower[node].node_config
+        assert mine.initial_run_config == theirs.initial_run_config
+        assert mine.initial_run_config["num-rounds"] == 3
+        assert mine.context.node_id == node and mine.context.run_id == 7
+        assert mine.context.node_config == theirs.context.node_config
+        assert mine.context.run_config == theirs.context.run_config
+        assert len(mine.context.state) == 0
+    assert built[1003].run_infos[7].context is not built[1049].run_infos[7].context
+    built[1003].run_infos[7].context.run_config["num-rounds"] = 99
+    assert lazy[1049].run_infos[7].context.run_config["num-rounds"] == 3
+    with pytest.raises(KeyError):
+        lazy[5]
