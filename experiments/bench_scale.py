@@ -33,12 +33,15 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import itertools
 import re
 import shutil
 import statistics
 import subprocess
 import tempfile
 import threading
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -141,10 +144,89 @@ class Profiler:
         return "\n".join(lines)
 
 
+#: Flower's line opening round R, with its timestamp (the run's log, DEBUG format).
+_ROUND_START = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO flwr: \[ROUND (\d+)\]")
+_RUN_FINISHED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) INFO flwr: Run finished")
+
+
+def round_seconds(log: Path) -> list[float]:
+    """Return each round's seconds, from Flower's timestamped lines in a run's log.
+
+    Round 1 also holds the engine's start (Ray, its actors, the first instructions): the later
+    rounds are the cost of a round's work.
+    """
+    starts: dict[int, datetime] = {}
+    end: datetime | None = None
+    for line in log.read_text(errors="replace").splitlines():
+        if (match := _ROUND_START.match(line)) is not None:
+            starts.setdefault(int(match.group(2)), datetime.strptime(
+                match.group(1), "%Y-%m-%d %H:%M:%S,%f"))
+        elif (match := _RUN_FINISHED.match(line)) is not None:
+            end = datetime.strptime(match.group(1), "%Y-%m-%d %H:%M:%S,%f")
+    ordered = [starts[r] for r in sorted(starts)] + ([end] if end is not None else [])
+    return [(b - a).total_seconds() for a, b in itertools.pairwise(ordered)]
+
+
+@dataclass
+class AppTimes:
+    """One app's runs at one number of users."""
+
+    #: Seconds per round of each run (Flower's closing line: start included).
+    per_round: list[float] = field(default_factory=list)
+    #: Seconds of every round after the first, over the runs.
+    later: list[float] = field(default_factory=list)
+    #: Peak resident memory of the whole process tree, bytes.
+    peak: int = 0
+
+
+def bench_users(users: int, args: argparse.Namespace) -> dict[str, AppTimes]:
+    """Run FedAvg and gpfl, interleaved, on one SuperLink with ``users`` virtual SuperNodes.
+
+    Returns, per app, its seconds per round (Flower's closing line), its later rounds' mean
+    seconds and its peak resident memory, over the repeats.
+    """
+    work = Path(tempfile.mkdtemp(prefix=f"gpfl-bench-scale-{users}-"))
+    root = project_root()
+    policy = work / "policy.toml"
+    # The virtual devices' own settings: ledgers in the work folder, a cap no run reaches.
+    policy.write_text(f'ledger-dir = "{work / "ledgers"}"\ncap-d-privacy = 1e9\n')
+    times = {"fedavg": AppTimes(), "gpfl": AppTimes()}
+    configs: dict[str, tuple[Path, dict[str, object]]] = {
+        "fedavg": (root / "experiments" / "fedavg_baseline",
+                   {"num-rounds": args.rounds, "clients-per-round": args.per_round}),
+        "gpfl": (root, {"num-rounds": args.rounds, "clients-per-round": args.per_round,
+                        "num-hypotheses": 2, "mechanism": "laplace", "noise-multiplier": 5.0,
+                        "local-epochs": 1, "patience": 0, "out-dir": str(work / "gpfl")}),
+    }
+    with Federation(workdir=work) as fed, contextlib.ExitStack() as stack:
+        fed.extra_env[POLICY_ENV] = str(policy)
+        fed.extra_env["RAY_worker_niceness"] = "0"
+        fed.start_superlink(simulation_supernodes=users)
+        profiler = (stack.enter_context(Profiler(fed, args.py_spy))
+                    if args.py_spy is not None else None)
+        for rep in range(args.repeats):
+            for name, (app, config) in configs.items():
+                if profiler is not None:
+                    profiler.label = f"{users}-{name}-{rep}"
+                log = work / f"{name}-{rep}.log"
+                with MemoryMonitor() as memory:
+                    times[name].per_round.append(timed_run(fed, app, config, log))
+                times[name].peak = max(times[name].peak, memory.peak)
+                times[name].later.extend(round_seconds(log)[1:])
+            print(f"{users} users, repeat {rep + 1}/{args.repeats}: FedAvg "
+                  f"{times['fedavg'].per_round[-1]:.2f} s/round, gpfl "
+                  f"{times['gpfl'].per_round[-1]:.2f} s/round", flush=True)
+        if profiler is not None:
+            print(profiler.report())
+    print(f"logs in {work}", flush=True)
+    return times
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument("--users", type=int, nargs="+", default=[1000],
+                        help="virtual users; several: one federation each, in turn")
     parser.add_argument("--per-round", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
@@ -153,52 +235,30 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.py_spy is not None and shutil.which(str(bin_dir() / "py-spy")) is None:
         parser.error("--py-spy needs py-spy in the environment (pip install py-spy)")
-    work = Path(tempfile.mkdtemp(prefix="gpfl-bench-scale-"))
-    root = project_root()
-    policy = work / "policy.toml"
-    # The virtual devices' own settings: ledgers in the work folder, a cap no run reaches.
-    policy.write_text(f'ledger-dir = "{work / "ledgers"}"\ncap-d-privacy = 1e9\n')
-    runs: dict[str, list[float]] = {"fedavg": [], "gpfl": []}
-    peaks: dict[str, int] = {"fedavg": 0, "gpfl": 0}
-    with Federation(workdir=work) as fed, contextlib.ExitStack() as stack:
-        fed.extra_env[POLICY_ENV] = str(policy)
-        fed.extra_env["RAY_worker_niceness"] = "0"
-        fed.start_superlink(simulation_supernodes=args.users)
-        profiler = (stack.enter_context(Profiler(fed, args.py_spy))
-                    if args.py_spy is not None else None)
-        for rep in range(args.repeats):
-            if profiler is not None:
-                profiler.label = f"fedavg-{rep}"
-            with MemoryMonitor() as memory:
-                runs["fedavg"].append(timed_run(
-                    fed, root / "experiments" / "fedavg_baseline",
-                    {"num-rounds": args.rounds, "clients-per-round": args.per_round},
-                    work / f"fedavg-{rep}.log"))
-            peaks["fedavg"] = max(peaks["fedavg"], memory.peak)
-            if profiler is not None:
-                profiler.label = f"gpfl-{rep}"
-            with MemoryMonitor() as memory:
-                runs["gpfl"].append(timed_run(
-                    fed, root,
-                    {"num-rounds": args.rounds, "clients-per-round": args.per_round,
-                     "num-hypotheses": 2, "mechanism": "laplace", "noise-multiplier": 5.0,
-                     "local-epochs": 1, "patience": 0, "out-dir": str(work / f"gpfl-{rep}")},
-                    work / f"gpfl-{rep}.log"))
-            peaks["gpfl"] = max(peaks["gpfl"], memory.peak)
-            print(f"repeat {rep + 1}/{args.repeats}: FedAvg {runs['fedavg'][-1]:.2f} s/round, "
-                  f"gpfl {runs['gpfl'][-1]:.2f} s/round", flush=True)
-    base = statistics.mean(runs["fedavg"])
-    print(f"\n| run ({args.users} virtual users, {args.per_round} a round, {args.rounds} rounds, "
-          f"{args.repeats} repeats) | s / round, mean | range | ratio | peak RSS, GB |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for name, label in (("fedavg", "Flower FedAvg, NumPy client"),
-                        ("gpfl", "gpfl, k = 2, Laplace ν = 5, validation every round")):
-        values = runs[name]
-        print(f"| {label} | {statistics.mean(values):.2f} | {min(values):.2f}-{max(values):.2f} "
-              f"| {statistics.mean(values) / base:.2f} | {peaks[name] / 2**30:.2f} |")
-    if profiler is not None:
-        print(profiler.report())
-    print(f"\nlogs in {work}")
+    results = {users: bench_users(users, args) for users in args.users}
+    first = args.users[0]
+    print(f"\n| run ({args.per_round} a round, {args.rounds} rounds, {args.repeats} repeats) "
+          "| users | s / round, mean | range | ratio to FedAvg | later rounds, s / round "
+          f"| later rounds, ratio to {first} users | peak RSS, GB |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for users, result in results.items():
+        base = statistics.mean(result["fedavg"].per_round)
+        for name, label in (("fedavg", "Flower FedAvg, NumPy client"),
+                            ("gpfl", "gpfl, k = 2, Laplace ν = 5, validation every round")):
+            app, reference = result[name], results[first][name]
+            steady = statistics.mean(app.later) if app.later else float("nan")
+            versus = (steady / statistics.mean(reference.later) if app.later and reference.later
+                      else float("nan"))
+            print(f"| {label} | {users} | {statistics.mean(app.per_round):.2f} | "
+                  f"{min(app.per_round):.2f}-{max(app.per_round):.2f} | "
+                  f"{statistics.mean(app.per_round) / base:.2f} | {steady:.2f} | {versus:.2f} "
+                  f"| {app.peak / 2**30:.2f} |")
+    if len(args.users) > 1:
+        low, high = args.users[0], args.users[-1]
+        for name in ("fedavg", "gpfl"):
+            grown = results[high][name].peak - results[low][name].peak
+            print(f"{name}: {grown / (high - low) / 1024:.1f} KiB of peak memory per virtual user "
+                  f"({low} → {high} users)")
 
 
 if __name__ == "__main__":
