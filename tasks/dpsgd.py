@@ -190,17 +190,22 @@ def _per_sample_gradients(
 
 
 def _apply_step(module: torch.nn.Module, step: np.ndarray, learning_rate: float) -> None:
+    """θ ← θ − ρ·step, in float32: ρ·step rounded to float32, then the subtraction."""
     if not np.isfinite(step).all():
         raise FloatingPointError("a DP-SGD step is not finite")
+    params = list(module.parameters())
+    if any(p.dtype != torch.float32 for p in params):
+        raise TypeError("record-level DP-SGD trains float32 models")
+    # One conversion and one product for the whole model (per layer they cost more than the
+    # arithmetic); the same roundings as ρ·step computed per layer in float32.
+    scaled = step.astype(np.float32)
+    scaled *= np.float32(learning_rate)
+    update = torch.from_numpy(scaled).to(params[0].device)
     offset = 0
     with torch.no_grad():
-        # One conversion of the whole step (one float32 vector) rather than one per layer.
-        narrow = {dtype: torch.as_tensor(step, dtype=dtype)
-                  for dtype in {p.dtype for p in module.parameters()}}
-        for p in module.parameters():
+        for p in params:
             size = p.numel()
-            update = narrow[p.dtype][offset:offset + size].to(p.device)
-            p.sub_(learning_rate * update.reshape(p.shape))
+            p.sub_(update[offset:offset + size].view(p.shape))
             offset += size
 
 

@@ -1,9 +1,10 @@
 """Per-record clipping on tensors: the bound holds for the bits, the sum matches the old path.
 
-The bound is checked in exact rational arithmetic (fractions.Fraction of every float32
-coordinate): each record's contribution to the batch sum, fl32(f·g) as the code forms it, has
-‖·‖² ≤ C² exactly, on adversarial gradients (huge: float32 squares overflow; tiny and
-subnormal: they underflow; exactly at C; one ulp around C; mixed magnitudes) and on
+The bound is checked in exact rational arithmetic (fractions.Fraction of every coordinate):
+each record's contribution to the batch sum as the code forms it (f·g, in float64), the real
+product f·g and the float32 product fl32(f·g) have ‖·‖² ≤ C² exactly, on adversarial
+gradients (huge: float32 squares overflow; tiny and subnormal: they underflow; exactly at C;
+one ulp around C; mixed magnitudes) and on
 hypothesis-drawn float32 vectors over the whole exponent range. The same check fails for the
 naive float32 clipping (``test_the_naive_float32_clipping_fails_the_same_check``), so it can
 fail.
@@ -47,7 +48,7 @@ def contributions(records: np.ndarray, bound: float, *, cap: bool = True
     """Each record's contribution to the batch sum as the code forms it, and the factors.
 
     The contribution of record i is the clipped sum with every other factor set to zero:
-    adding float32 zeros in float64 is exact, so that is fl32(f_i·g_i) itself.
+    adding zeros in float64 is exact, so that is the float64 product f_i·g_i itself.
     """
     clipping = BatchClipping(SIZES)
     rows = split(records)
@@ -98,8 +99,9 @@ def test_every_clipped_record_is_within_the_bound_exactly(bound: float) -> None:
     limit = Fraction(bound) ** 2
     for i, g in enumerate(records):
         assert exact_squared_norm(out[i]) <= limit, i
-        # The real product f·g too (the clipped record before the float32 rounding).
+        # The real product f·g, and the float32 product (the proof covers both).
         assert Fraction(float(factors[i])) ** 2 * exact_squared_norm(g) <= limit, i
+        assert exact_squared_norm(g * factors[i]) <= limit, i
 
 
 @pytest.mark.parametrize("bound", [1.0, 0.1, 1e-20])
