@@ -49,10 +49,11 @@ CLIP_SLACK = 2.0**-16
 #: float32 part's relative error is then at most γ_64 ≈ 2⁻¹⁸ whatever the model's size.
 NORM_BLOCK = 64
 
-#: Below this estimate of ‖g‖² (or where it is not finite: a float32 square overflowed), a
-#: record's squared norm is recomputed from exact float64 squares: above it, the float32
-#: squares that underflow (at most 2⁻¹⁴⁸ each, in absolute terms) are a relative 2⁻⁵² at most.
-_FAST_LEAST = 2.0**-64
+#: Below this estimate of ‖g‖² (a norm below about 3·10⁻¹⁴), or where it is not finite (a
+#: float32 square overflowed), a record's squared norm is recomputed from exact float64
+#: squares: above it, what float32 squares lose to underflow (at most 2⁻¹⁴⁹ each, in
+#: absolute terms, 2⁻¹¹⁷ for 2³² of them) is a relative 2⁻²⁷ at most.
+_FAST_LEAST = 2.0**-90
 
 #: The largest model the error bounds are stated for (γ_d in float64 ≤ 2⁻²⁰ below it).
 MAX_DIMENSION = 2**32
@@ -124,10 +125,10 @@ class BatchClipping:
         2⁻¹⁵⁰, the last term for underflow) and sums blocks of at most 64 squares in float32
         or wider (additions carry no underflow error); each block sum b̂ ≥ (1 − γ_64(u))·s_b
         − 64·2⁻¹⁴⁹, for any order of the additions. The blocks' values are summed in float64:
-        N̂ ≥ (1 − γ_d(v))·Σ b̂ ≥ (1 − γ_d(v))·((1 − γ_64(u))·s − d·2⁻¹⁴⁹). Where N̂ ≥ 2⁻⁶⁴,
-        d·2⁻¹⁴⁹ ≤ 2⁻⁸⁵·N̂, so s ≤ N̂·(1/(1 − γ_d(v)) + 2⁻⁸⁵)/(1 − γ_64(u)) ≤ N̂·(1 + 2⁻¹⁸ +
-        2⁻²⁰ + 2⁻³³) ≤ N̂·(1 + 2⁻¹⁷). A record below 2⁻⁶⁴ or not finite (a float32 square
-        overflowed) is recomputed from float64 squares of its float32 coordinates, which are
+        N̂ ≥ (1 − γ_d(v))·Σ b̂ ≥ (1 − γ_d(v))·((1 − γ_64(u))·s − d·2⁻¹⁴⁹). Where N̂ ≥ 2⁻⁹⁰,
+        d·2⁻¹⁴⁹ ≤ 2⁻²⁷·N̂, so s ≤ N̂·(1/(1 − γ_d(v)) + 2⁻²⁷)/(1 − γ_64(u)) ≤ N̂·(1 + 2⁻¹⁸ +
+        2⁻²⁰ + 2⁻²⁷ + 2⁻³³) ≤ N̂·(1 + 2⁻¹⁷). A record below 2⁻⁹⁰ or not finite (a float32
+        square overflowed) is recomputed from float64 squares of its float32 coordinates, which are
         exact (float32's range squared lies in float64's normal range): N̂ ≥ (1 − γ_d(v))·s,
         s ≤ N̂·(1 + 2⁻²⁰). A record still not finite holds an infinity or a NaN.
         """

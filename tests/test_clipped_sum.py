@@ -66,7 +66,7 @@ def adversarial(bound: float) -> np.ndarray:
     """float32 gradients around and far from ``bound``, one per row."""
     rng = np.random.default_rng(7)
     rows = []
-    gauss = rng.standard_normal((40, DIMS))
+    gauss = rng.standard_normal((43, DIMS))
     for i, scale in enumerate([1e-30, 1e-20, 1e-3, 1.0, 1e3, 1e18, 1e30, 1e37]):
         rows.append(gauss[i] * scale)
     rows.append(np.full(DIMS, F32_MAX))  # every float32 square overflows
@@ -76,9 +76,11 @@ def adversarial(bound: float) -> np.ndarray:
     mixed = gauss[10] * 1e-30
     mixed[5] = 1e30
     rows.append(mixed)
-    mixed = gauss[11] * 1e-40
-    mixed[100] = 2e-19  # just above the fast path's floor, most of it underflowing
+    mixed = gauss[11] * 1e-23
+    mixed[100] = 3e-14  # just above the fast path's floor, the rest underflowing in float32
     rows.append(mixed)
+    rows.append(gauss[41] * 2e-15)  # the fast path's floor: either side of it
+    rows.append(gauss[42] * 1e-13)
     rows.append(np.zeros(DIMS))
     at_c = np.zeros(DIMS)
     at_c[3] = bound  # exactly C in float32 where C is a float32 value
@@ -138,7 +140,7 @@ def test_unit_vectors_for_oso_are_within_one_exactly() -> None:
 def test_the_naive_float32_clipping_fails_the_same_check() -> None:
     # What a float32 path without the slack does (Opacus's arithmetic): the same exact check
     # finds records above C, so the check above is not vacuous.
-    records = adversarial(1.0)[16:]  # the vectors scaled to C in float32
+    records = adversarial(1.0)[18:]  # the vectors scaled to C in float32
     over = 0
     for g in records:
         norm = np.sqrt(np.sum(g * g, dtype=np.float32), dtype=np.float32)
