@@ -160,3 +160,37 @@ def test_a_device_release_is_charged_the_epsilon_it_was_charged_before(tmp_path:
     assert metrics["spend-record-epsilon"] == pytest.approx(2.9021155032398074, rel=1e-12)
     entries = PrivacyLedger(tmp_path / "client-0.json", delta=1e-5).entries()
     assert [e.event for e in entries] == [RecordLevelEvent(0.1, 2.0, 5, "replace-one", 0.0)]
+
+
+def test_an_empty_batch_is_a_step_of_noise_alone(setting) -> None:
+    # q tiny: every batch is empty, the step is the noise alone, and the release check passes
+    # on its trace as on any other.
+    task, params, data = setting
+    training = RecordTraining("oso", split_noise("oso", NU), sampling_rate=1e-12, steps=2,
+                              expected_batch=M, clip=CLIP, learning_rate=1.0)
+    released, trace = train_record_level(task, params, data, training,
+                                         np.random.default_rng(2))
+    assert len(trace.noise_energy) == 2 and len(trace.clips) == 3
+    assert all(np.isfinite(r).all() and r.dtype == np.float32 for r in released)
+    assert not np.array_equal(flat(released), flat(params))
+
+
+def test_the_benchmark_runs_both_epochs_through_the_production_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import tasks.dpsgd as dpsgd
+    from experiments import bench_dpsgd
+
+    calls: list[int] = []
+    production = dpsgd.train_record_level
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return production(*args, **kwargs)
+
+    monkeypatch.setattr(bench_dpsgd, "train_record_level", counted)
+    (result,) = bench_dpsgd.benchmark(["fixed"], users=16, batch=32, repeats=1)
+    assert calls == [1, 1]  # the warm-up and the timed epoch
+    assert result.steps == 3 and result.records == 90
+    assert result.ours > 0 and result.opacus > 0 and result.plain > 0
+    assert "| fixed | 90 | 32 | 3 |" in bench_dpsgd.markdown([result])
