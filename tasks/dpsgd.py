@@ -11,7 +11,9 @@ One step t of :func:`train_record_level` (``m`` is the public expected batch siz
 
 1. the batch B_t: each record independently with probability q (the sampler's generator is
    seeded from the device's noise generator: the batch is as secret as the noise);
-2. per-record gradients g_i of the per-record loss; ḡ_i = g_i·min(1, C_t/‖g_i‖);
+2. per-record gradients g_i of the per-record loss (float32, Opacus's tensors); ḡ_i = f_i·g_i
+   with a float32 factor f_i just under min(1, C_t/‖g_i‖), conservative so that ‖ḡ_i‖ ≤ C_t
+   holds exactly for the float32 gradients, and Σ ḡ_i in float64 (:mod:`tasks.clipped_sum`);
 3. g̃_t = (Σ ḡ_i + N(0, (ν_g·C_t)² I)) / m, the noisy sum rounded exactly onto the public grid
    of its σ (:mod:`mechanisms.grid`), and θ ← θ − ρ_t·g̃_t;
 4. the strategy's extra query, on the same batch and from the same generator, then C_{t+1} and
@@ -24,7 +26,6 @@ Only classifiers with a cross-entropy objective are supported (a per-record loss
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -37,6 +38,7 @@ from torch.nn import functional as F
 from mechanisms.grid import grid_spacing, on_grid
 from mechanisms.record_clipping import ClipSchedule, NoiseSplit
 from tasks.base import Dataset, Params
+from tasks.clipped_sum import BatchClipping, scale_factors
 from tasks.device import resolve_device
 from tasks.torch_support import TorchTask, from_arrays, to_arrays
 
@@ -121,14 +123,17 @@ def train_record_level(
                                             sample_rate=training.sampling_rate,
                                             generator=generator, steps=training.steps)
     m = float(training.expected_batch)
+    clipping = BatchClipping([p.numel() for p in module.parameters()])
     for batch in sampler:
-        grads = _per_sample_gradients(sample_module, module, x_all, y_all, batch, dims, target)
-        norms = np.linalg.norm(grads, axis=1) if grads.size else np.zeros(0)
+        rows = _per_sample_gradients(sample_module, module, x_all, y_all, batch, target)
         clip = schedule.clip
-        factors = np.minimum(1.0, clip / np.maximum(norms, 1e-300))
-        clipped_sum = (grads * factors[:, None]).sum(axis=0) if grads.size else np.zeros(dims)
+        # Clipping and the batch sum where the per-record gradients are (tasks.clipped_sum):
+        # each clipped record has norm <= C exactly; no float64 copy of the batch.
+        squared = clipping.squared_norms(rows)
+        clipped_sum = clipping.clipped_sum(rows, scale_factors(squared, clip))
         sigma = training.split.gradient * clip
-        noise = rng.standard_normal(dims) * sigma
+        noise = rng.standard_normal(dims)
+        noise *= sigma
         trace.noise_energy.append(float(np.dot(noise, noise)))
         trace.noise_sigma.append(sigma)
         # Every noisy query is the exact sum rounded onto the public grid of its σ
@@ -136,20 +141,25 @@ def train_record_level(
         g_tilde = on_grid([clipped_sum, noise], grid_spacing(sigma, dims)) / m
         _apply_step(module, g_tilde, schedule.learning_rate)
         if training.strategy == "quantile":
-            bits = (norms <= clip).astype(np.float64) - 0.5
+            bits = (np.sqrt(squared) <= clip).astype(np.float64) - 0.5
             secondary = training.split.secondary
             count = on_grid([np.array([bits.sum()]), np.array([rng.normal(0.0, secondary)])],
                             grid_spacing(secondary, 1))
             schedule.step_quantile(float(count[0]) / m + 0.5)
         elif training.strategy == "oso":
-            mask = norms > clip
-            units = (grads[mask] / norms[mask, None]).sum(axis=0) if mask.any() else np.zeros(dims)
+            # Unit vectors of the clipped records (norm <= 1 exactly, as for the clipping).
+            above = np.sqrt(squared) > clip
+            units = clipping.clipped_sum(rows, scale_factors(squared, 1.0, cap=False) * above)
             secondary = training.split.secondary
             q_noise = rng.standard_normal(dims) * secondary
             q_tilde = on_grid([units, q_noise], grid_spacing(secondary, dims)) / m
             schedule.step_oso(g_tilde, q_tilde)
         else:
             schedule.step_fixed()
+        # Opacus's per-record gradients are freed before the next batch allocates its own:
+        # held across the next backward pass, they doubled the memory and made the allocator
+        # map fresh, page-faulting memory every step (its zeroing took 2.5 times as long).
+        del rows
     trace.clips = list(schedule.clips)
     trace.learning_rates = list(schedule.learning_rates)
     return to_arrays(module), trace
@@ -157,11 +167,16 @@ def train_record_level(
 
 def _per_sample_gradients(
     sample_module: GradSampleModule, module: torch.nn.Module, x_all: torch.Tensor,
-    y_all: torch.Tensor, batch: list[int], dims: int, target: torch.device,
-) -> np.ndarray:
-    """Return the batch's per-record gradients, one float64 row each (none for an empty batch)."""
+    y_all: torch.Tensor, batch: list[int], target: torch.device,
+) -> list[torch.Tensor]:
+    """Return the batch's per-record gradients: one float32 (B, n_p) view per parameter.
+
+    No copy into one matrix and no float64: the clipping (:mod:`tasks.clipped_sum`) reads
+    Opacus's per-sample gradients where they are.
+    """
     if len(batch) == 0:
-        return np.zeros((0, dims))
+        return [torch.zeros(0, p.numel(), dtype=p.dtype, device=target)
+                for p in module.parameters()]
     index = torch.as_tensor(batch, device=target)
     sample_module.zero_grad(set_to_none=True)
     for p in module.parameters():
@@ -171,21 +186,28 @@ def _per_sample_gradients(
         # Opacus's hooks on the first layer, whose input (the data) needs no gradient.
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         loss.backward()
-    rows = [p.grad_sample.reshape(len(batch), -1)  # type: ignore[attr-defined]
+    return [p.grad_sample.detach().reshape(len(batch), -1)  # type: ignore[attr-defined]
             for p in module.parameters()]
-    return torch.cat(rows, dim=1).detach().to("cpu", torch.float64).numpy()
 
 
 def _apply_step(module: torch.nn.Module, step: np.ndarray, learning_rate: float) -> None:
+    """θ ← θ − ρ·step, in float32: ρ·step rounded to float32, then the subtraction."""
+    if not np.isfinite(step).all():
+        raise FloatingPointError("a DP-SGD step is not finite")
+    params = list(module.parameters())
+    if any(p.dtype != torch.float32 for p in params):
+        raise TypeError("record-level DP-SGD trains float32 models")
+    # One conversion and one product for the whole model (per layer they cost more than the
+    # arithmetic); the same roundings as ρ·step computed per layer in float32.
+    scaled = step.astype(np.float32)
+    scaled *= np.float32(learning_rate)
+    update = torch.from_numpy(scaled).to(params[0].device)
     offset = 0
     with torch.no_grad():
-        for p in module.parameters():
+        for p in params:
             size = p.numel()
-            update = torch.as_tensor(step[offset:offset + size], dtype=p.dtype, device=p.device)
-            p.sub_(learning_rate * update.reshape(p.shape))
+            p.sub_(update[offset:offset + size].view(p.shape))
             offset += size
-    if not math.isfinite(float(np.abs(step).sum())):
-        raise FloatingPointError("a DP-SGD step is not finite")
 
 
 def per_record_losses(task: TorchTask, hypotheses: list[Params], data: Dataset,
