@@ -52,6 +52,16 @@ def test_round_tables_set_each_run_against_fedavg() -> None:
     assert ratios["round: gpfl, P = 2,000, peak RSS a device"] is None
 
 
+def test_aggregate_table_keeps_the_benchmarks_own_ratio() -> None:
+    table = ("| measure | value | / replies' size |\n| --- | ---: | ---: |\n"
+             "| time (best of 2) | 0.250 s | |\n| replies' size | 8 MiB | 1.00 |\n"
+             "| peak extra memory, tracemalloc | 57 MiB | 7.50 |\n")
+    memory, timing = bench_suite.aggregate_results(table)
+    # 57 / 8 would be 7.12: the printed ratio comes from the unrounded sizes.
+    assert (memory.measured, memory.anchor, memory.ratio) == (57.0, 8.0, 7.5)
+    assert timing.measured == pytest.approx(0.25) and timing.ratio is None
+
+
 def test_fab_scale_and_deploy_tables() -> None:
     fab = ("| FAB built from | files | CPU s |\n| --- | ---: | ---: |\n"
            "| the app folder | 100 | 4.00 |\n| gpfl's copy (copy + build) | 10 | 0.50 + 0.50 |\n")
