@@ -8,7 +8,9 @@ ClientApp, on the direct engine by default or on Flower's Simulation Engine with
 progress line per finished configuration. ``--quick`` uses reduced settings (five seeds; on 2
 cores an experiment's federations take up to about 45 minutes, ``all``'s about 4 h, which
 ``--jobs 2`` runs in about 1.5 h); without it the settings follow the papers (many hours).
-``report`` regenerates ``docs/RESULTS.md`` from those folders. From a clean clone::
+``report`` regenerates ``docs/RESULTS.md`` from those folders; ``bench`` runs every benchmark
+and prints one table of ratios against their floors or anchors (`experiments.bench_suite`;
+``--quick``: a few minutes on 2 cores). From a clean clone::
 
     python -m experiments all --quick && python -m experiments report
 """
@@ -42,7 +44,7 @@ EXPERIMENTS: dict[str, str] = {
     "rogue-devices": "experiments.rogue_devices",
     "record-clipping": "experiments.record_clipping",
 }
-COMMANDS = (*EXPERIMENTS, "all", "report")
+COMMANDS = (*EXPERIMENTS, "all", "report", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="From a clean clone: python -m experiments all --quick && "
                "python -m experiments report",
     )
-    parser.add_argument("name", choices=COMMANDS, help="the experiment, 'all', or 'report'")
+    parser.add_argument("name", choices=COMMANDS,
+                        help="the experiment, 'all', 'report', or 'bench' (every benchmark)")
     parser.add_argument("--quick", action="store_true",
                         help="reduced settings: five seeds, up to ~45 minutes an experiment on 2 "
                              "cores, about 4 h of federations for 'all' (86 min with --jobs 2)")
@@ -83,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 1; scale always runs alone)")
     parser.add_argument("--doc", type=Path, default=Path("docs") / "RESULTS.md",
                         help="report: the Markdown file to write (default docs/RESULTS.md)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="BENCHMARK",
+                        help="bench: run only these benchmarks (sampling, release, aggregate, "
+                             "fab, round, round-model, scale, deploy)")
     # The tests' own settings, smaller than --quick; not part of the documented interface.
     parser.add_argument("--profile", choices=PROFILES, default=None, help=argparse.SUPPRESS)
     return parser
@@ -112,6 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m experiments`` and ``gpfl-experiment``."""
     args = build_parser().parse_args(argv)
     profile = args.profile or ("quick" if args.quick else "full")
+    if args.name == "bench":
+        from experiments.bench_suite import run_suite
+
+        try:
+            _, failed_benchmarks = run_suite(profile, args.only)
+        except ValueError as err:
+            print(f"bench: {err}", file=sys.stderr)
+            return 2
+        return 1 if failed_benchmarks else 0
     if args.name == "report":
         from experiments.report import write_report
 

@@ -40,12 +40,12 @@ from server.checkpoint import CHECKPOINT_NAME, check_identity, read_checkpoint, 
 from server.polling import PollingGrid
 from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
-from settings import parse_optima
 from strategies import ClusteredStrategy, NormLimits
 from strategies.clustering import load_kmeans
 from strategies.device_keys import DeviceKeys
 from strategies.divergence import Divergence
 from tasks import load_task
+from tasks.synthetic import SyntheticTask
 
 logger = logging.getLogger(__name__)
 
@@ -173,8 +173,10 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     out_dir = (settings.out_dir or settings.resume_from
                or Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
     task_info: dict[str, Any] = {"name": settings.task, "num_parameters": task.num_parameters}
-    if settings.task == "synthetic":
-        task_info["optima"] = parse_optima(settings.values["optima"])
+    if isinstance(task, SyntheticTask) and task.num_parameters <= 10_000:
+        # The task's own optima (repeated by optima-repeat); a model of millions of parameters
+        # (a benchmark's) keeps them out of summary.json, which every round rewrites.
+        task_info["optima"] = task.optima.tolist()
     shapes = [np.shape(layer) for layer in hypotheses[0]]
     identity = run_identity(settings.values, shapes)
     checkpoint = None

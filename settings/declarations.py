@@ -265,6 +265,11 @@ _DECLARATIONS: tuple[Setting, ...] = (
     Setting("optima", str, "5,6;4,-4.5",
             "synthetic, fairness: one optimum per group, `;`-separated vectors", group="tasks",
             check=check_optima),
+    # A model of a chosen size with trivial training (benchmarks at 10^6-10^7 parameters): a
+    # 10^7-number optima string would not fit a command line or a run config.
+    Setting("optima-repeat", int, 1,
+            "synthetic: each optimum's vector repeated this many times (a model of its length "
+            "times this many parameters)", group="tasks", minimum=1, maximum=MAX_COUNT),
     Setting("users", int, 0, "training users (0 = one per SuperNode)", group="tasks", minimum=0,
             maximum=MAX_COUNT),
     Setting("samples-per-user", int, 10, "synthetic, fairness: samples of each user",

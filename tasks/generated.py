@@ -17,6 +17,7 @@ import numpy as np
 
 import settings
 from settings import SETTINGS
+from settings.values import MAX_COUNT
 from tasks.base import UNLIMITED_USERS, Dataset, Task, resolve_users, user_seed
 from tasks.config import TaskSettingsError
 
@@ -66,6 +67,9 @@ class GeneratedTask(Task):
         Held-out users, at least 1.
     data_seed : int
         Public seed of the data.
+    optima_repeat : int
+        Each optimum's vector repeated this many times: θ has shape (G, n · optima_repeat), a
+        model of a chosen size from a short ``optima`` (benchmarks at 10⁶-10⁷ parameters).
     """
 
     def __init__(
@@ -76,8 +80,19 @@ class GeneratedTask(Task):
         samples_per_user: int = SETTINGS["samples-per-user"].default,
         validation_users: int = SETTINGS["validation-users"].default,
         data_seed: int = SETTINGS["data-seed"].default,
+        optima_repeat: int = SETTINGS["optima-repeat"].default,
     ) -> None:
-        self._optima = self._check_optima(optima_array(optima), optima)
+        theta = optima_array(optima)
+        repeat: int = SETTINGS["optima-repeat"].parse(optima_repeat)
+        if repeat > 1:
+            # Bounded like every count: the devices and the server hold several such vectors.
+            if theta.shape[1] * repeat > MAX_COUNT:
+                raise TaskSettingsError(
+                    f"optima-repeat times the optima's length must be at most {MAX_COUNT}, got "
+                    f"optima-repeat={repeat} for vectors of length {theta.shape[1]}")
+            theta = np.tile(theta, (1, repeat))
+            theta.setflags(write=False)
+        self._optima = self._check_optima(theta, optima)
         self._set_user_settings(users, validation_users, data_seed)
         self.samples_per_user: int = SETTINGS["samples-per-user"].parse(samples_per_user)
 

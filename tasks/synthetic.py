@@ -55,7 +55,8 @@ class SyntheticTask(GeneratedTask):
 
     name = "synthetic"
     is_classifier = False
-    run_config_keys = ("optima", "users", "samples-per-user", "validation-users", "data-seed")
+    run_config_keys = ("optima", "optima-repeat", "users", "samples-per-user", "validation-users",
+                       "data-seed")
 
     # -- model ------------------------------------------------------------------------------
     @property

@@ -30,6 +30,24 @@ def test_optima_array() -> None:
     np.testing.assert_array_equal(_task().optima, THETA)
 
 
+def test_optima_repeat_tiles_each_optimum() -> None:
+    # Prepare: two groups of length 2, repeated 3 times -> a model of 6 parameters.
+    task = _task(**{"optima-repeat": 3})
+    # Assert: each row is its optimum three times over; the model and the data follow.
+    np.testing.assert_array_equal(task.optima, [[5, 6, 5, 6, 5, 6], [4, -4.5, 4, -4.5, 4, -4.5]])
+    assert not task.optima.flags.writeable
+    assert task.parameter_shapes == [(6,)] and task.num_parameters == 6
+    assert task.client_dataset(0, 2).x.shape == (10, 6)
+    np.testing.assert_array_equal(_task(**{"optima-repeat": 1}).optima, THETA)
+
+
+def test_optima_repeat_is_bounded() -> None:
+    with pytest.raises(SettingError, match=r"^optima-repeat must be .*, got optima-repeat=0$"):
+        _task(**{"optima-repeat": 0})
+    with pytest.raises(TaskSettingsError, match=r"optima-repeat=5000000 for vectors of length 3"):
+        SyntheticTask("1,2,3", optima_repeat=5_000_000)
+
+
 @pytest.mark.parametrize("text", ["5,6;4", "a,b", "1,inf", "", "1,,2"])
 def test_bad_optima_name_the_key(text: str) -> None:
     with pytest.raises(SettingError, match=rf"^optima: .*, got optima={text!r}$"):

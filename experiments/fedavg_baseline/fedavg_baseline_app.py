@@ -1,7 +1,9 @@
 """Flower's FedAvg with a NumPy linear-regression client (benchmark yardstick).
 
-Same data shape as gpfl's synthetic task (10 samples, 2 parameters), no
-clustering, no privacy, nothing imported beyond Flower and NumPy.
+Same data shape as gpfl's synthetic task (10 samples, 2 parameters; ``num-parameters`` and
+``samples-per-client`` in the run config size it otherwise, as ``optima-repeat`` and
+``samples-per-user`` size gpfl's), no clustering, no privacy, nothing imported beyond Flower and
+NumPy.
 """
 
 from __future__ import annotations
@@ -15,12 +17,13 @@ from flwr.serverapp import ServerApp
 
 
 class LinearClient(NumPyClient):
-    """One SGD epoch of least squares on 10 local samples."""
+    """One gradient step of least squares on ``samples`` local samples of ``dimension`` features."""
 
-    def __init__(self, partition_id: int) -> None:
+    def __init__(self, partition_id: int, dimension: int = 2, samples: int = 10) -> None:
         rng = np.random.default_rng(partition_id)
-        self.x = rng.standard_normal((10, 2))
-        self.y = self.x @ np.array([5.0, 6.0]) + rng.uniform(size=10)
+        self.x = rng.standard_normal((samples, dimension))
+        # The synthetic task's first optimum (5, 6), repeated to the model's size.
+        self.y = self.x @ np.resize([5.0, 6.0], dimension) + rng.uniform(size=samples)
 
     def fit(self, parameters, config):
         """Take one gradient step."""
@@ -31,7 +34,9 @@ class LinearClient(NumPyClient):
 
 def client_fn(context: Context) -> Client:
     """Build the client of this node."""
-    return LinearClient(int(context.node_config.get("partition-id", 0))).to_client()
+    return LinearClient(int(context.node_config.get("partition-id", 0)),
+                        int(context.run_config["num-parameters"]),
+                        int(context.run_config["samples-per-client"])).to_client()
 
 
 def server_fn(context: Context) -> ServerAppComponents:
@@ -40,7 +45,8 @@ def server_fn(context: Context) -> ServerAppComponents:
     strategy = FedAvg(
         fraction_fit=1e-9, min_fit_clients=n, min_available_clients=n,
         fraction_evaluate=0.0, min_evaluate_clients=0,
-        initial_parameters=ndarrays_to_parameters([np.zeros(2, dtype=np.float32)]),
+        initial_parameters=ndarrays_to_parameters(
+            [np.zeros(int(context.run_config["num-parameters"]), dtype=np.float32)]),
     )
     return ServerAppComponents(
         strategy=strategy, config=ServerConfig(num_rounds=int(context.run_config["num-rounds"]))
