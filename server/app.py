@@ -230,7 +230,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         state, arrays = checkpoint
         check_identity(state["identity"], recorder.identity, str(settings.resume_from))
         strategy.restore(state["strategy"], arrays)
-        recorder.restore(state)
+        recorder.restore(state, arrays)
         # Flower's loop counts from 1 again; the strategy adds the restored round.
         remaining = 0 if strategy.stopped_early else max(
             0, settings.num_rounds - strategy.last_round)

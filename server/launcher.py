@@ -464,6 +464,17 @@ def _number(value: Any) -> str:
     return "-" if value is None else f"{float(value):.6g}"
 
 
+def _hypotheses_line(hypotheses: list[list[float]] | dict[str, Any], out: Path) -> str:
+    """Say the delivered hypotheses in a line: their first numbers, or where a large model's are."""
+    if isinstance(hypotheses, dict):  # server.results.hypotheses_entry: in the checkpoint
+        k, n = hypotheses["shape"]
+        return (f"gpfl: hypotheses: {k} of {n} parameters, array {hypotheses['array']!r} of "
+                f"{out / hypotheses['checkpoint']}")
+    return "gpfl: hypotheses " + "; ".join(
+        "[" + ", ".join(f"{v:.3f}" for v in h[:6]) + (", ..." if len(h) > 6 else "") + "]"
+        for h in hypotheses)
+
+
 def describe(result: LaunchResult) -> str:
     """Return the closing lines printed after a launch."""
     s = result.summary
@@ -479,9 +490,7 @@ def describe(result: LaunchResult) -> str:
            if s.get("last_round", s.get("rounds_completed")) != s.get("rounds_completed") else "")
         + (" (stopped early: no improvement)" if s.get("stopped_early") else ""),
         f"gpfl: best validation loss {s.get('best_val_loss')}",
-        "gpfl: hypotheses " + "; ".join(
-            "[" + ", ".join(f"{v:.3f}" for v in h[:6]) + (", ..." if len(h) > 6 else "") + "]"
-            for h in s.get("hypotheses", [])),
+        _hypotheses_line(s.get("hypotheses") or [], result.out_dir),
         *([] if not s.get("optima_distances") else [
             "gpfl: distance from each optimum to its nearest hypothesis: "
             + ", ".join(f"{d:.3f}" for d in s["optima_distances"])]),

@@ -314,6 +314,31 @@ def flat_hypotheses(hypotheses: list[list[np.ndarray]]) -> list[list[float]]:
     ]
 
 
+#: Hypotheses of more numbers than this (all of them together) are not written into
+#: ``summary.json`` as JSON numbers, which the ServerApp rewrites every round: 10⁶ parameters
+#: took 34 s of a 40 s two-round run that way, and 6·10⁷ numbers held the ServerApp in one
+#: ``json.dumps`` for over a minute, until the SuperLink ended the run. The summary then names
+#: the arrays of the checkpoint (``checkpoint.npz``, rewritten every round in binary) instead.
+INLINE_NUMBERS = 10_000
+#: The checkpoint's array of the initial hypotheses, when they are too large for the summary.
+INITIAL_ARRAY = "initial_hypotheses"
+
+
+def hypotheses_entry(hypotheses: list[list[np.ndarray]], array: str
+                     ) -> list[list[float]] | dict[str, Any]:
+    """Return what ``summary.json`` holds for a set of hypotheses.
+
+    Small ones as flat lists of floats; larger ones (over :data:`INLINE_NUMBERS`) as a reference
+    to the checkpoint's array ``array``, with its shape: ``np.load(run / "checkpoint.npz")[array]``
+    is the (k, n) float32 matrix, one flat hypothesis a row.
+    """
+    n = sum(int(np.size(a)) for a in hypotheses[0]) if hypotheses else 0
+    if len(hypotheses) * n <= INLINE_NUMBERS:
+        return flat_hypotheses(hypotheses)
+    return {"checkpoint": CHECKPOINT_NAME, "array": array, "shape": [len(hypotheses), n],
+            "dtype": "float32"}
+
+
 def plot_summary(summary: Mapping[str, Any], path: Path) -> Path | None:
     """Draw the run's figure (the paper's Figure 1 for 2-parameter tasks).
 
@@ -328,7 +353,8 @@ def plot_summary(summary: Mapping[str, Any], path: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     history = summary.get("history", [])
-    hypotheses = np.asarray(summary.get("hypotheses", []), dtype=float)
+    listed = summary.get("hypotheses")  # a reference to the checkpoint for large models
+    hypotheses = np.asarray(listed if isinstance(listed, list) else [], dtype=float)
     two_d = hypotheses.ndim == 2 and hypotheses.shape[1] == 2
     fig, axes = plt.subplots(1, 2 if two_d else 1, figsize=(11 if two_d else 6, 4.5))
     ax_loss = axes[1] if two_d else axes
@@ -401,7 +427,10 @@ class RunRecorder:
         self.task_info = dict(task_info or {})
         self.identity = dict(identity or {})
         self.strategy: Any = None
-        self.initial_hypotheses: list[list[float]] = []
+        #: The initial hypotheses as ``summary.json`` gives them (:func:`hypotheses_entry`).
+        self.initial_hypotheses: list[list[float]] | dict[str, Any] = []
+        #: ... and as a (k, n) float32 matrix, kept in the checkpoint when they are large.
+        self._initial: np.ndarray | None = None
         self.history: list[dict[str, Any]] = []
         #: One entry per resume: the round the run continued after.
         self.resumed: list[dict[str, Any]] = []
@@ -414,7 +443,11 @@ class RunRecorder:
     def attach(self, strategy: Any) -> None:
         """Give the recorder the strategy whose state it reports."""
         self.strategy = strategy
-        self.initial_hypotheses = flat_hypotheses(strategy.hypotheses)
+        self.initial_hypotheses = hypotheses_entry(strategy.hypotheses, INITIAL_ARRAY)
+        if isinstance(self.initial_hypotheses, dict):
+            self._initial = np.stack([
+                np.concatenate([np.asarray(a, dtype=np.float32).ravel() for a in h])
+                for h in strategy.hypotheses])
 
     def status(self, privacy: Mapping[str, Any] | None = None) -> tuple[str, str | None]:
         """Return the run's status (one of :data:`STATUSES`) and why it is not complete.
@@ -451,8 +484,10 @@ class RunRecorder:
         status, reason = self.status(privacy)
         # What the run delivers: the hypotheses of the best validation round (early stopping
         # keeps the best model); the last ones are kept for reference.
-        delivered = flat_hypotheses(
-            s.best_hypotheses if s.best_hypotheses is not None else s.hypotheses)
+        delivered = (hypotheses_entry(s.best_hypotheses, "best_hypotheses")
+                     if s.best_hypotheses is not None
+                     else hypotheses_entry(s.hypotheses, "hypotheses"))
+        last = hypotheses_entry(s.hypotheses, "hypotheses")
         return {
             "status": status,
             "incomplete_reason": reason,
@@ -465,9 +500,10 @@ class RunRecorder:
             "best_val_loss": s.best_loss,
             "best_round": s.best_round,
             "hypotheses": delivered,
-            "last_hypotheses": flat_hypotheses(s.hypotheses),
+            "last_hypotheses": last,
             # Each known optimum's distance to the nearest delivered hypothesis (null if unknown).
-            "optima_distances": optima_distances(delivered, self.task_info.get("optima")),
+            "optima_distances": (optima_distances(delivered, self.task_info.get("optima"))
+                                 if isinstance(delivered, list) else None),
             "initial_hypotheses": self.initial_hypotheses,
             "history": self.history,
             "resumed": self.resumed,
@@ -479,6 +515,8 @@ class RunRecorder:
     def checkpoint(self) -> None:
         """Write the checkpoint of the last recorded round (atomically)."""
         state, arrays = self.strategy.state()
+        if self._initial is not None:
+            arrays = {**arrays, INITIAL_ARRAY: self._initial}
         write_checkpoint(self.checkpoint_path, {
             "identity": self.identity,
             "strategy": state,
@@ -486,11 +524,20 @@ class RunRecorder:
                          "resumed": self.resumed},
         }, arrays)
 
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Continue the history of a checkpoint's recorder (after the strategy's restore)."""
+    def restore(self, state: Mapping[str, Any],
+                arrays: Mapping[str, np.ndarray] | None = None) -> None:
+        """Continue the history of a checkpoint's recorder (after the strategy's restore).
+
+        ``arrays``: the checkpoint's arrays, which hold the initial hypotheses of a large model.
+        """
         recorder = state["recorder"]
         self.history = list(recorder["history"])
-        self.initial_hypotheses = list(recorder["initial_hypotheses"])
+        initial = recorder["initial_hypotheses"]
+        if isinstance(initial, dict):
+            self.initial_hypotheses = dict(initial)
+            self._initial = np.asarray((arrays or {})[INITIAL_ARRAY], dtype=np.float32)
+        else:
+            self.initial_hypotheses, self._initial = list(initial), None
         self.resumed = [*recorder.get("resumed", []),
                         {"after_round": self.strategy.last_round,
                          "at": time.strftime("%Y-%m-%dT%H:%M:%S")}]
@@ -498,10 +545,8 @@ class RunRecorder:
     def write(self) -> dict[str, Any]:
         """Rewrite ``summary.json``; return its content."""
         summary = self.summary()
-        # Indented for people while it is small; a large model's hypotheses (the digits CNN:
-        # 6 × 83,562 numbers) go on one line, else writing the summary costs seconds a round.
-        small = sum(len(h) for h in summary["last_hypotheses"]) <= 10_000
-        write_json_atomic(self.out_dir / "summary.json", summary, indent=2 if small else None)
+        # Indented for people: a large model's hypotheses are in the checkpoint, not here.
+        write_json_atomic(self.out_dir / "summary.json", summary, indent=2)
         return summary
 
     def on_round(self, record: Any) -> None:
@@ -509,7 +554,8 @@ class RunRecorder:
         self.history.append(history_entry(record))
         self.checkpoint()
         summary = self.write()
-        distances = optima_distances(summary["last_hypotheses"],
+        last = summary["last_hypotheses"]
+        distances = optima_distances(last if isinstance(last, list) else [],
                                      self.task_info.get("optima"))
         logger.info(round_line(record, self.num_rounds, summary["privacy"], distances))
         if self.strategy.stopped_early and record.val_loss is not None:

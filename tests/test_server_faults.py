@@ -13,12 +13,13 @@ from flwr.common import Parameters
 
 from server.app import build_components
 from server.checkpoint import (
+    CHECKPOINT_NAME,
     CheckpointError,
     check_identity,
     read_checkpoint,
     write_checkpoint,
 )
-from server.results import mark_incomplete
+from server.results import INLINE_NUMBERS, mark_incomplete
 from server.settings import RunSettings, SettingError
 from strategies import ClusteredStrategy
 from tests.test_server import DEFAULTS
@@ -219,6 +220,42 @@ def test_resume_from_continues_the_run_and_ends_where_an_uninterrupted_one_does(
     assert summary["best_val_loss"] == reference["best_val_loss"]
     assert [r["after_round"] for r in summary["resumed"]] == [2]
     assert summary["privacy"]["per_client"]["client-1"]["participations"] == 4
+
+
+def test_a_large_models_hypotheses_are_in_the_checkpoint_and_a_resume_reads_them(
+    tmp_path: Path,
+) -> None:
+    # Prepare: 2 hypotheses of 6,000 parameters (12,000 numbers: more than summary.json holds as
+    # JSON), 2 of 4 rounds played.
+    large = {"optima-repeat": 3000, "validation-users": 1, "samples-per-user": 2}
+    assert 2 * 2 * 3000 > INLINE_NUMBERS
+    strategy, _ = started(config(tmp_path, **large))
+    initial = np.stack([np.concatenate([a.ravel() for a in h]) for h in strategy.hypotheses])
+    manager = FakeManager(NODES)
+    play(strategy, manager, range(1, 3))
+
+    # Execute: the summary after round 2, then a resumed ServerApp's rounds 3 and 4.
+    after_two = summary_of(tmp_path)
+    components, _ = build_components(config(tmp_path, **large, **{"resume-from": str(tmp_path)}))
+    resumed = components.server.strategy
+    assert isinstance(resumed, ClusteredStrategy)
+    play(resumed, manager, range(1, 3))
+    summary = summary_of(tmp_path)
+
+    # Assert: the summary names the checkpoint's arrays, which hold the hypotheses (the initial
+    # ones kept across the resume); the run completed.
+    _, arrays = read_checkpoint(tmp_path / CHECKPOINT_NAME)
+    for key, array in (("hypotheses", "best_hypotheses"), ("last_hypotheses", "hypotheses"),
+                       ("initial_hypotheses", "initial_hypotheses")):
+        assert summary[key] == {"checkpoint": CHECKPOINT_NAME, "array": array,
+                                "shape": [2, 6000], "dtype": "float32"}, key
+        assert arrays[array].shape == (2, 6000) and arrays[array].dtype == np.float32
+    np.testing.assert_array_equal(arrays["hypotheses"], np.stack(
+        [np.concatenate([a.ravel() for a in h]) for h in resumed.hypotheses]))
+    np.testing.assert_array_equal(arrays["initial_hypotheses"], initial)
+    assert after_two["initial_hypotheses"] == summary["initial_hypotheses"]
+    assert summary["status"] == "complete" and summary["last_round"] == 4
+    assert summary["optima_distances"] is None
 
 
 def test_resuming_a_finished_run_runs_no_round(tmp_path: Path) -> None:

@@ -159,6 +159,16 @@ def test_the_closing_lines_quote_the_ledgers_and_say_how_to_resume() -> None:
     assert complete.startswith("gpfl: 2 rounds\n")
 
 
+def test_the_closing_lines_say_where_a_large_models_hypotheses_are() -> None:
+    small = describe(result("complete", hypotheses=[[1.0, 2.0], [3.0, -4.5]]))
+    assert "gpfl: hypotheses [1.000, 2.000]; [3.000, -4.500]" in small
+    large = describe(result("complete", hypotheses={
+        "checkpoint": "checkpoint.npz", "array": "best_hypotheses", "shape": [2, 83562],
+        "dtype": "float32"}))
+    assert ("gpfl: hypotheses: 2 of 83562 parameters, array 'best_hypotheses' of "
+            "/runs/x/checkpoint.npz") in large
+
+
 def test_the_closing_line_counts_rounds_that_kept_the_hypotheses() -> None:
     # 4 rounds ran; in 3 of them too few usable replies came (the hypotheses were kept).
     text = describe(result("complete", last_round=4, rounds_completed=1))
