@@ -304,8 +304,12 @@ class ClusteredStrategy(RecordedStrategy):
         t = self._round(server_round)
         k = self.num_hypotheses
         sampled = self._sampled[1] if self._sampled[0] == t else []
-        intake = self._screen.screen(t, results, failures, sampled=sampled,
-                                     hypotheses=self._flat, record=self._client)
+        # The screening's one pass over the releases also measures what the robust clusters
+        # (the Gram matrix) and the persistence test (the sketch) need (strategies.geometry).
+        intake = self._screen.screen(
+            t, results, failures, sampled=sampled, hypotheses=self._flat, record=self._client,
+            gram=self.cluster_aggregator == "clipped-mean",
+            sketch=self._persistence.sketch if self._persistence.threshold > 0 else None)
         if self.release != "sign":
             set_aside_persistent(t, intake, self._flat, self._persistence, self._screen.names,
                                  self._client)
@@ -329,7 +333,8 @@ class ClusteredStrategy(RecordedStrategy):
         else:
             labels, means = cluster_and_aggregate(
                 released, sigmas, self._flat, aggregation=self.aggregation,
-                cluster_aggregator=self.cluster_aggregator, rng=self._rng, trust=intake.trust)
+                cluster_aggregator=self.cluster_aggregator, rng=self._rng, trust=intake.trust,
+                geometry=intake.geometry)
             new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
                                                    self.history, t, self._reseeded, self._inert)
         if kept is None and not np.isfinite(new_flat).all():
