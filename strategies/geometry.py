@@ -197,6 +197,7 @@ def measure_round(released: np.ndarray, hypotheses: np.ndarray, *, gram: bool = 
     products = np.zeros((m + k, m + k)) if gram else None
     sketched = np.zeros((m + k, sketch.size(n))) if sketch is not None else None
     step = max(1, _BLOCK // max(m + k, 1))
+    scratch = np.empty((m, min(step, n)))
     for start in range(0, n, step):
         stop = min(n, start + step)
         # One contiguous float64 block of [X; Θ]: every product below reads it, none converts.
@@ -204,9 +205,10 @@ def measure_round(released: np.ndarray, hypotheses: np.ndarray, *, gram: bool = 
         block[:m] = released[:, start:stop]
         block[m:] = hypotheses[:, start:stop]
         x = block[:m]
+        diff = scratch[:, : stop - start]
         squares += np.einsum("ij,ij->i", x, x)
         for j in range(k):
-            diff = x - block[m + j]
+            np.subtract(x, block[m + j], out=diff)
             distances[:, j] += np.einsum("ij,ij->i", diff, diff)
         if products is not None:
             products += block @ block.T
