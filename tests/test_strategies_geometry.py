@@ -250,3 +250,52 @@ def test_a_push_is_set_aside_in_the_sketch_when_it_is_in_full() -> None:
                                                  hypotheses))
     assert list(exact.set_aside) == ["rogue"] and list(sketched.set_aside) == ["rogue"]
     assert abs(exact.set_aside["rogue"] - sketched.set_aside["rogue"]) <= 1
+
+
+# ------------------------------------------------------------------ rounds of the strategy
+@pytest.mark.parametrize("aggregation", ["mean", "weighted"])
+def test_rounds_of_the_robust_strategy_equal_the_multi_pass_ones(
+        aggregation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rogue-devices setting: 10 devices every round around two hypotheses of 2 parameters,
+    # Laplace at ν = 5, one device pushing hypothesis 0 away by about the noise's size; the
+    # quickstart's robust clusters. Played once with the one-pass functions and once with the
+    # multi-pass ones in their place, the runs must set aside the same devices and end on the
+    # same hypotheses (with float32 weights in the old "weighted" path: within its rounding).
+    import strategies.clustered as clustered
+    from tests.test_strategies_clustered import hyp, one_layer, reply, results_of
+
+    def play() -> tuple[np.ndarray, dict[str, int], list[list[int]]]:
+        rng = np.random.default_rng(16)
+        strategy = clustered.ClusteredStrategy(
+            initial_hypotheses=hyp([5.0, 6.0], [4.0, -4.5]), clients_per_round=10,
+            rng=np.random.default_rng(0), aggregation=aggregation,
+            cluster_aggregator="clipped-mean", persistence_threshold=3.0)
+        sizes = []
+        for t in range(1, 31):
+            current = one_layer(strategy).astype(F32)
+            rows = laplace_releases(rng, current, 10)
+            rows[0] = current[0] + np.array([1.0, 1.0], F32)  # the push
+            sigmas = rng.uniform(0.5, 2.0, 10)
+            _, metrics = strategy.aggregate_fit(
+                t, results_of([reply(r, sigma=float(s)) for r, s in zip(rows, sigmas,
+                                                                         strict=True)]), [])
+            sizes.append([int(metrics["cluster-size-0"]), int(metrics["cluster-size-1"])])
+        aside = strategy.state()[0]["screen"]["persistence"]["set_aside"]
+        return one_layer(strategy), aside, sizes
+
+    new, new_aside, new_sizes = play()
+    with monkeypatch.context() as patch:
+        patch.setattr(clustered, "cluster_and_aggregate",
+                      lambda *args, geometry=None, **kwargs: legacy.cluster_and_aggregate(
+                          *args, **kwargs))
+        patch.setattr(Persistence, "units",
+                      lambda self, released, hypotheses, geometry=None:
+                      legacy.residual_units(released, hypotheses))
+        old, old_aside, old_sizes = play()
+
+    assert new_aside == old_aside and "c0" in new_aside
+    assert new_sizes == old_sizes
+    if aggregation == "mean":
+        np.testing.assert_array_equal(new, old)
+    else:
+        np.testing.assert_allclose(new, old, rtol=1e-5)
