@@ -101,6 +101,8 @@ class Intake:
 
     def keep_rows(self, keep: list[int]) -> None:
         """Keep only the rows ``keep`` (indices, in order) of every per-row field."""
+        if list(keep) == list(range(len(self.cids))):
+            return  # nothing dropped: no copy of the round's matrix
         self.released = self.released[keep]
         self.sigmas = self.sigmas[keep]
         self.cids = [self.cids[i] for i in keep]

@@ -60,6 +60,16 @@ device shared the other one.
 A cluster of one or two releases has nothing to vote with: its mean is used (two values have
 the mean as their median). An empty cluster keeps its hypothesis, as with the mean.
 
+What ``clipped-mean`` costs the server: two reads of the round's (m, n) matrix. The first is the
+screening's own pass (:func:`strategies.geometry.measure_round`), which also yields everything
+the clusters need: the exact distance from each release to each hypothesis (a release's offset
+norm in cluster j, since cluster j is anchored on hypothesis j whatever the iteration), the
+round's median distance (the clipping radius), and the Gram matrix of the releases and
+hypotheses. A clipped-mean centroid is θ_j + Σ_i a_ij (x_i − θ_j), a combination of those rows,
+so Lloyd's iterations compare distances through the Gram matrix, in (m + k)² numbers, however
+large n is; the second read makes the final centroids, once. The other aggregators compute their
+centroids each iteration (a median is no combination of rows).
+
 Robustness costs accuracy under local noise: the median of m noisy values is noisier than
 their mean (by ≈ √(π/2) for Gaussian noise), and trimming or Krum's selection drop honest
 releases. docs/RESULTS.md measures that cost and the gain against rogue devices.
