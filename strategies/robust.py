@@ -283,20 +283,25 @@ def _trust_or_equal(trust: np.ndarray | None) -> Callable[[np.ndarray], np.ndarr
 
 
 def _clipped_lloyd(geometry: RoundGeometry, labels: np.ndarray, used: np.ndarray,
-                   radius: float, trust: np.ndarray | None) -> np.ndarray:
-    """Lloyd's iterations of ``clipped-mean`` on the Gram matrix; return the final labels."""
+                   radius: float, trust: np.ndarray | None) -> tuple[np.ndarray, _Clipped]:
+    """Lloyd's iterations of ``clipped-mean`` on the Gram matrix.
+
+    Returns the final labels and their clusters' combination (weighted by ``trust``).
+    """
     assert geometry.gram is not None
     m, k = geometry.distances.shape
     weights = _trust_or_equal(trust)
+    combination = _clipped(geometry, labels, radius, weights)
     for _ in range(MAX_ITERATIONS):
         if used.size < 2:
             break
-        scores = _clipped(geometry, labels, radius, weights).scores(geometry.gram, m, k)
+        scores = combination.scores(geometry.gram, m, k)
         new = used[np.argmin(scores[:, used], axis=1)]
         if np.array_equal(new, labels):
             break
         labels = new
-    return labels
+        combination = _clipped(geometry, labels, radius, weights)
+    return labels, combination
 
 
 def _few(labels: np.ndarray, k: int, m: int) -> np.ndarray:
@@ -331,12 +336,10 @@ def robust_clusters(
     used = np.unique(labels)
     radius = _round_radius(geometry)
     if clipped:
-        labels = _clipped_lloyd(geometry, labels, used, radius, trust)
+        labels, combination = _clipped_lloyd(geometry, labels, used, radius, trust)
         # A cluster no larger than the share of the round that may lie (trimmed(m)) could be
         # made of rogues only: it keeps its hypothesis (see the module notes).
-        few = _few(labels, k, m)
-        combination = _clipped(geometry, labels, radius, _trust_or_equal(trust))
-        for j in np.flatnonzero(few).tolist():
+        for j in np.flatnonzero(_few(labels, k, m)).tolist():
             del combination.members[j]
         return labels, combination.centroids(released, hypotheses)
     centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius,
@@ -391,8 +394,8 @@ def cluster_and_aggregate(
         geometry = measure_round(released, hypotheses, gram=True)
     k, m = hypotheses.shape[0], released.shape[0]
     radius = _round_radius(geometry)
-    labels = _clipped_lloyd(geometry, geometry.nearest(), np.unique(geometry.nearest()),
-                            radius, trust)
+    start = geometry.nearest()
+    labels, _ = _clipped_lloyd(geometry, start, np.unique(start), radius, trust)
     weights: dict[int, np.ndarray] = {}
     for j in np.unique(labels).tolist():
         # Every non-empty cluster draws its weights in increasing order, as cluster_means does
