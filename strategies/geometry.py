@@ -47,7 +47,7 @@ SKETCH_WIDTH = 4096
 _BLOCK = 1 << 22
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=2)
 def _hashes(seed: int, width: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Return (bucket, sign) of each of n coordinates, drawn from ``seed`` (cached: one a run)."""
     rng = np.random.default_rng(seed)
