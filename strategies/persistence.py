@@ -49,12 +49,16 @@ median (it is the same kind of robust estimate of the cluster's drift, per bucke
 coordinate). The bound above is unchanged: the units are still zero-mean vectors of norm at
 most 1, now in R^4096, and Pinelis' bound holds in any dimension. What a push shows is its
 sketch, whose norm is the push's in expectation (E‖Sv‖² = ‖v‖²) and close to it for a push
-spread over many coordinates. The buckets are drawn from the server's own entropy and kept in
-its checkpoint: a device that knew them could push along the sketch's kernel unseen.
+spread over many coordinates. The buckets are drawn from the strategy's rng (its state, not a
+draw: :func:`sketch_seed`) and kept in the checkpoint: a device that knew them could push along
+the sketch's kernel unseen, so a deployment leaves the run's ``seed`` unset (the rng then comes
+from the OS's entropy); an experiment that fixes it is reproducible and its sketch predictable.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -68,9 +72,20 @@ from strategies.intake import Intake
 from strategies.records import ClientRecord
 from strategies.replies import NameBook
 
-__all__ = ["Persistence", "residual_units", "set_aside_persistent"]
+__all__ = ["Persistence", "residual_units", "set_aside_persistent", "sketch_seed"]
 
 _LOG = logging.getLogger(__name__)
+
+
+def sketch_seed(rng: np.random.Generator) -> int:
+    """Return the seed of the persistence test's sketch, derived from ``rng``'s state.
+
+    Nothing is drawn from ``rng`` (every other use of it sees the same numbers), and the seed
+    differs from :func:`strategies.device_keys.seed_of`'s of the same state.
+    """
+    state = json.dumps(rng.bit_generator.state, sort_keys=True, default=str)
+    digest = hashlib.sha256(b"persistence-sketch:" + state.encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def residual_units(released: np.ndarray, hypotheses: np.ndarray, *,

@@ -299,3 +299,19 @@ def test_rounds_of_the_robust_strategy_equal_the_multi_pass_ones(
         np.testing.assert_array_equal(new, old)
     else:
         np.testing.assert_allclose(new, old, rtol=1e-5)
+
+
+def test_the_strategys_sketch_follows_its_seed_and_draws_nothing() -> None:
+    from strategies import ClusteredStrategy
+
+    def sketch_and_rng(seed: int) -> tuple[dict[str, int], dict[str, object]]:
+        strategy = ClusteredStrategy(initial_hypotheses=[[np.zeros(2, F32)]],
+                                     clients_per_round=3, rng=np.random.default_rng(seed),
+                                     persistence_threshold=3.0)
+        state = strategy.state()[0]
+        return state["screen"]["persistence"]["sketch"], state["rng"]
+
+    first, rng_state = sketch_and_rng(3)
+    assert first == sketch_and_rng(3)[0] != sketch_and_rng(4)[0]
+    assert rng_state == np.random.default_rng(3).bit_generator.state
+    assert first["width"] == SKETCH_WIDTH
