@@ -70,10 +70,11 @@ class CountSketch:
     width : int
         Buckets; a model of at most this many parameters is kept exactly.
     seed : int
-        Draws the buckets and signs. By default from the OS's entropy, never the run config's
-        seed: a device that knew the hashes could aim its push at the sketch's kernel (two
-        coordinates of one bucket with opposite signs), which the persistence test cannot see.
-        The server keeps it in its checkpoint.
+        Draws the buckets and signs; by default from the OS's entropy. A device that knew the
+        hashes could aim its push at the sketch's kernel (two coordinates of one bucket with
+        opposite signs), which the persistence test cannot see: the strategy derives it from
+        its rng's state (:func:`strategies.persistence.sketch_seed`) and keeps it in its
+        checkpoint.
     """
 
     width: int = SKETCH_WIDTH
