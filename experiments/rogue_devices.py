@@ -50,7 +50,7 @@ from settings import federation_defaults
 from strategies import ClusteredStrategy
 from strategies.clustering import nearest_hypothesis
 from strategies.norms import screen_norms
-from strategies.persistence import Persistence, residual_units
+from strategies.persistence import Persistence
 from strategies.robust import cluster_and_aggregate
 
 NAME = "rogue-devices"
@@ -122,7 +122,7 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
             return False
         if persistence.threshold <= 0:
             return True
-        units = residual_units(matrix, hypotheses)[-count:]
+        units = persistence.units(matrix, hypotheses)[-count:]
         return all(persistence.statistic(name, unit) < level
                    for name, unit in zip(names, units, strict=True))
 
@@ -146,6 +146,9 @@ def largest_accepted(honest: np.ndarray, hypotheses: np.ndarray, strategy: Clust
                            for j in np.unique(labels)])
     tau = float(np.median(np.linalg.norm(residuals, axis=1)))
     worst = max(names, key=persistence.statistic)
+    # The sums are in the persistence test's summary: the full space for a model of at most
+    # strategies.geometry.SKETCH_WIDTH parameters (this task's 2), where the push is aimed.
+    assert persistence.sketch.exact(target.size)
     best, score = None, -math.inf
     for share in np.linspace(0.1, 1.0, 10):
         level = share * persistence.threshold
@@ -164,7 +167,7 @@ def _aggregate_as_server(honest: np.ndarray, rows: np.ndarray, hypotheses: np.nd
                          names: Sequence[str]) -> np.ndarray:
     """Return hypothesis 0 as the server would make it (honest releases weigh 1 here)."""
     matrix = np.vstack([honest, rows]).astype(np.float32)
-    units = residual_units(matrix, hypotheses)[-rows.shape[0]:]
+    units = persistence.units(matrix, hypotheses)[-rows.shape[0]:]
     trust = np.ones(matrix.shape[0])
     for i, (name, unit) in enumerate(zip(names, units, strict=True)):
         trust[honest.shape[0] + i] = persistence.trust(name, unit)

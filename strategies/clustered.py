@@ -37,10 +37,11 @@ from settings.rules import check_sign_single_model
 from strategies.aggregation import check_aggregation, sign_step
 from strategies.device_keys import DeviceKeys, seed_of
 from strategies.divergence import Divergence
+from strategies.geometry import CountSketch
 from strategies.hypotheses import check_saved, split_layers, stack_hypotheses
 from strategies.intake import ReplyScreen, pushed_away
 from strategies.norms import NormLimits
-from strategies.persistence import Persistence, set_aside_persistent
+from strategies.persistence import Persistence, set_aside_persistent, sketch_seed
 from strategies.proxies import TracedProxy
 from strategies.recorded import EvaluateFn, RecordedStrategy, RoundResult
 from strategies.records import ClientRecord, RoundRecord
@@ -178,7 +179,6 @@ class ClusteredStrategy(RecordedStrategy):
         self.release = release
         self.aggregation = check_aggregation(aggregation)
         self.cluster_aggregator = check_cluster_aggregator(cluster_aggregator)
-        self._persistence = Persistence(persistence_threshold)
         self.server_learning_rate = server_learning_rate
         self.keep_released = keep_released
         self.server_update = server_update or ServerUpdate()
@@ -188,6 +188,11 @@ class ClusteredStrategy(RecordedStrategy):
         self._on_stop = on_stop
         self._rng = rng if rng is not None else np.random.default_rng()
         self.device_keys = device_keys or DeviceKeys(seed_of(self._rng))
+        # The persistence test's sketch hashes from the rng's state, without drawing from it: a
+        # run with a fixed seed is reproducible (experiments); a deployment's rng comes from the
+        # OS's entropy, so no device can aim at the sketch's kernel (strategies.persistence).
+        self._persistence = Persistence(persistence_threshold,
+                                        sketch=CountSketch(seed=sketch_seed(self._rng)))
         limits = norm_limits or NormLimits(mechanism="sign" if release == "sign" else "laplace")
         self._screen = ReplyScreen(self._shapes, release=release, limits=limits, need_sigma=(
             self.aggregation != "mean"), by_key=self.device_keys.identity == "key")
@@ -304,8 +309,12 @@ class ClusteredStrategy(RecordedStrategy):
         t = self._round(server_round)
         k = self.num_hypotheses
         sampled = self._sampled[1] if self._sampled[0] == t else []
-        intake = self._screen.screen(t, results, failures, sampled=sampled,
-                                     hypotheses=self._flat, record=self._client)
+        # The screening's one pass over the releases also measures what the robust clusters
+        # (the Gram matrix) and the persistence test (the sketch) need (strategies.geometry).
+        intake = self._screen.screen(
+            t, results, failures, sampled=sampled, hypotheses=self._flat, record=self._client,
+            gram=self.cluster_aggregator == "clipped-mean",
+            sketch=self._persistence.sketch if self._persistence.threshold > 0 else None)
         if self.release != "sign":
             set_aside_persistent(t, intake, self._flat, self._persistence, self._screen.names,
                                  self._client)
@@ -329,7 +338,8 @@ class ClusteredStrategy(RecordedStrategy):
         else:
             labels, means = cluster_and_aggregate(
                 released, sigmas, self._flat, aggregation=self.aggregation,
-                cluster_aggregator=self.cluster_aggregator, rng=self._rng, trust=intake.trust)
+                cluster_aggregator=self.cluster_aggregator, rng=self._rng, trust=intake.trust,
+                geometry=intake.geometry)
             new_flat, _ = self.server_update.apply(self._flat, means, released, labels,
                                                    self.history, t, self._reseeded, self._inert)
         if kept is None and not np.isfinite(new_flat).all():

@@ -33,6 +33,7 @@ from flwr.common import FitRes, Parameters
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.divergence import pullers
+from strategies.geometry import CountSketch, RoundGeometry, measure_round
 from strategies.norms import NormLimits, screen_norms
 from strategies.proxies import FAILED, DeviceFailure
 from strategies.records import ClientRecord
@@ -80,6 +81,9 @@ class Intake:
     trust : np.ndarray or None
         (m,) each row's weight in its cluster from the persistence test
         (:meth:`strategies.persistence.Persistence.trust`); None: every row weighs 1.
+    geometry : RoundGeometry or None
+        The rows measured against the round's hypotheses, in the rows' order (the persistence
+        test and the robust clusters reuse it); None for sign releases and empty rounds.
     """
 
     released: np.ndarray
@@ -93,6 +97,19 @@ class Intake:
     refusing: list[tuple[str, str]] = field(default_factory=list)
     answering: int = 0
     trust: np.ndarray | None = None
+    geometry: RoundGeometry | None = None
+
+    def keep_rows(self, keep: list[int]) -> None:
+        """Keep only the rows ``keep`` (indices, in order) of every per-row field."""
+        if list(keep) == list(range(len(self.cids))):
+            return  # nothing dropped: no copy of the round's matrix
+        self.released = self.released[keep]
+        self.sigmas = self.sigmas[keep]
+        self.cids = [self.cids[i] for i in keep]
+        if self.trust is not None:
+            self.trust = self.trust[keep]
+        if self.geometry is not None:
+            self.geometry = self.geometry.subset(keep)
 
 
 #: What a device's error says when it refuses the hypotheses (client.release.check_instruction).
@@ -176,6 +193,8 @@ class ReplyScreen:
         sampled: Sequence[str],
         hypotheses: np.ndarray,
         record: Callable[[str], ClientRecord],
+        gram: bool = False,
+        sketch: CountSketch | None = None,
     ) -> Intake:
         """Screen one round (see the module notes); update the devices' records.
 
@@ -191,6 +210,10 @@ class ReplyScreen:
             (k, n) float32: the hypotheses the replies were computed from.
         record : callable
             Returns (creating it if needed) the record of a node id.
+        gram, sketch
+            What the round's one pass over the releases measures beyond the screening's norms
+            and distances (:func:`strategies.geometry.measure_round`), kept in
+            ``Intake.geometry`` for the steps after the screening.
         """
         t = server_round
         out = Intake(np.zeros((0, hypotheses.shape[1]), np.float32), np.zeros(0), [])
@@ -275,8 +298,15 @@ class ReplyScreen:
             cids.append(cid)
         released, sigmas = matrix[: len(cids)], sigmas[: len(cids)]
 
+        geometry = None
+        measured = None
+        if self.release != "sign" and self.limits.mechanism != "sign" and cids:
+            # The round's one pass over its releases: the screening's norms and distances,
+            # and what the persistence test and the robust clusters ask for.
+            geometry = measure_round(released, hypotheses, gram=gram, sketch=sketch)
+            measured = geometry.norms, geometry.nearest_distances()
         refusals, distances = screen_norms(released, hypotheses, sigmas, self.reference,
-                                           self.limits)
+                                           self.limits, measured)
         keep = np.array([r is None for r in refusals], dtype=bool)
         for cid, reason in zip(cids, refusals, strict=True):
             if reason is not None:
@@ -284,6 +314,8 @@ class ReplyScreen:
         if not keep.all():
             released, sigmas, distances = released[keep], sigmas[keep], distances[keep]
             cids = [c for c, k in zip(cids, keep, strict=True) if k]
+            if geometry is not None:
+                geometry = geometry.subset(keep)
         if cids and self.release != "sign":
             self.reference = distances.copy()
             scale = float(np.median(distances))
@@ -305,6 +337,7 @@ class ReplyScreen:
         # A missing σ weighs nothing under the plain mean, the only aggregation that allows it.
         out.sigmas = np.nan_to_num(sigmas, nan=0.0)
         out.cids = cids
+        out.geometry = geometry
         out.failures += len(out.failed)
         out.answering = len(answered)
         return out

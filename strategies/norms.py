@@ -45,6 +45,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from strategies.geometry import measure_round
+
 __all__ = ["ABSOLUTE_NORM_CAP", "GAUSSIAN_TAIL", "RELATIVE_FACTOR", "SCREEN_FACTOR", "NormLimits",
            "hypotheses_diameter", "measure", "nearest_distances", "screen_norms"]
 
@@ -58,9 +60,6 @@ SCREEN_FACTOR = 1000.0
 GAUSSIAN_TAIL = 10.0
 #: Rule 2: relative room for the float32 rounding of a release (2⁻²⁴ per coordinate, rounded up).
 _ROUNDING = 1e-6
-#: float64 values per block of releases measured at once: a round's matrix can be hundreds of
-#: MiB (100 replies of 10⁶ parameters), so it is measured a few rows at a time (~32 MiB).
-_BLOCK = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -106,21 +105,11 @@ def measure(released: np.ndarray, hypotheses: np.ndarray) -> tuple[np.ndarray, n
     """Return ‖x‖ and d(x) = min_j ‖x − θ_j‖ for each row x of ``released``, in float64.
 
     Exact differences (not ‖x‖² − 2x·θ + ‖θ‖², whose cancellation would blur small distances),
-    over blocks of rows, so that the float64 temporaries stay small whatever the round's size.
+    over blocks, so that the float64 temporaries stay small whatever the round's size
+    (:func:`strategies.geometry.measure_round`).
     """
-    m, n = released.shape
-    h = hypotheses.astype(np.float64)
-    norms = np.empty(m)
-    distances = np.full(m, np.inf)
-    step = max(1, _BLOCK // max(n, 1))
-    for start in range(0, m, step):
-        x = released[start:start + step].astype(np.float64)
-        norms[start:start + step] = np.sqrt(np.einsum("ij,ij->i", x, x))
-        block = distances[start:start + step]
-        for row in h:
-            diff = x - row
-            np.minimum(block, np.sqrt(np.einsum("ij,ij->i", diff, diff)), out=block)
-    return norms, distances
+    geometry = measure_round(released, hypotheses)
+    return geometry.norms, geometry.nearest_distances()
 
 
 def nearest_distances(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
@@ -134,6 +123,7 @@ def screen_norms(
     sigmas: np.ndarray,
     previous: np.ndarray,
     limits: NormLimits,
+    measured: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[list[str | None], np.ndarray]:
     """Refuse the releases whose magnitude the run's mechanism cannot plausibly produce.
 
@@ -149,6 +139,9 @@ def screen_norms(
         Distances of the releases accepted in the last round that accepted any (rule 3).
     limits : NormLimits
         The run's mechanism and clipping.
+    measured : tuple of np.ndarray, optional
+        ‖x‖ and d(x) of each release when the caller has measured them already
+        (:class:`strategies.geometry.RoundGeometry`); otherwise :func:`measure` measures them.
 
     Returns
     -------
@@ -161,7 +154,7 @@ def screen_norms(
     reasons: list[str | None] = [None] * m
     if limits.mechanism == "sign" or m == 0:
         return reasons, np.zeros(m)
-    norms, distances = measure(released, hypotheses)
+    norms, distances = measured if measured is not None else measure(released, hypotheses)
     for i in range(m):
         if norms[i] > ABSOLUTE_NORM_CAP:
             reasons[i] = (f"norm {norms[i]:.3g} is beyond the absolute cap "

@@ -37,10 +37,28 @@ is normalized by the round's noise, so that drift is ~ (heterogeneity / noise) p
 device far from its cluster at little noise can be set aside. docs/RESULTS.md ("Rogue
 devices") measures how often honest devices are. The residuals are post-processing of the
 releases the server holds: nothing is sent to a device, nothing is charged.
+
+What it keeps. A sum of n float64 per device would be 8 MB for a model of 10⁶ parameters (800 MB
+for 100 devices, and as much JSON in every checkpoint). The residuals are computed and summed in
+a fixed-size summary instead (:class:`strategies.geometry.CountSketch`): the identity for a
+model of at most 4096 parameters (the sums are exact, as they always were), otherwise a
+CountSketch of 4096 buckets, so each device costs at most 32 KiB. The offsets, the cluster's
+coordinate-wise median and τ are then those of the summaries: the sketch is linear, so a
+summary's offset is the offset's summary, but the median of summaries is not the summary of the
+median (it is the same kind of robust estimate of the cluster's drift, per bucket instead of per
+coordinate). The bound above is unchanged: the units are still zero-mean vectors of norm at
+most 1, now in R^4096, and Pinelis' bound holds in any dimension. What a push shows is its
+sketch, whose norm is the push's in expectation (E‖Sv‖² = ‖v‖²) and close to it for a push
+spread over many coordinates. The buckets are drawn from the strategy's rng (its state, not a
+draw: :func:`sketch_seed`) and kept in the checkpoint: a device that knew them could push along
+the sketch's kernel unseen, so a deployment leaves the run's ``seed`` unset (the rng then comes
+from the OS's entropy); an experiment that fixes it is reproducible and its sketch predictable.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -49,17 +67,30 @@ from typing import Any
 
 import numpy as np
 
-from strategies.clustering import nearest_hypothesis
+from strategies.geometry import CountSketch, RoundGeometry, measure_round
 from strategies.intake import Intake
 from strategies.records import ClientRecord
 from strategies.replies import NameBook
 
-__all__ = ["Persistence", "residual_units", "set_aside_persistent"]
+__all__ = ["Persistence", "residual_units", "set_aside_persistent", "sketch_seed"]
 
 _LOG = logging.getLogger(__name__)
 
 
-def residual_units(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
+def sketch_seed(rng: np.random.Generator) -> int:
+    """Return the seed of the persistence test's sketch, derived from ``rng``'s state.
+
+    Nothing is drawn from ``rng`` (every other use of it sees the same numbers), and the seed
+    differs from :func:`strategies.device_keys.seed_of`'s of the same state.
+    """
+    state = json.dumps(rng.bit_generator.state, sort_keys=True, default=str)
+    digest = hashlib.sha256(b"persistence-sketch:" + state.encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def residual_units(released: np.ndarray, hypotheses: np.ndarray, *,
+                   sketch: CountSketch | None = None,
+                   geometry: RoundGeometry | None = None) -> np.ndarray:
     """Return each release's residual in its round, in units of the round's noise (norm ≤ 1).
 
     Parameters
@@ -68,17 +99,33 @@ def residual_units(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
         (m, n): the round's screened releases.
     hypotheses : np.ndarray
         (k, n): the hypotheses the round sent.
+    sketch : CountSketch, optional
+        The summary the residuals are computed in (:class:`Persistence`'s); None: the full
+        n coordinates, exactly.
+    geometry : RoundGeometry, optional
+        The round's measures of these rows (:func:`strategies.geometry.measure_round`), when
+        it holds the sketch of ``sketch``; otherwise they are measured here.
 
     Returns
     -------
     np.ndarray
-        (m, n) float64: (offset − the median offset of the releases nearest the same
-        hypothesis) / τ, shrunk to norm 1, τ the median residual norm of the round. Zero rows
-        when the round's residuals are all zero (nothing to tell apart).
+        (m, w) float64, w = n when the model has at most ``sketch.width`` parameters (or
+        ``sketch`` is None), else ``sketch.width``: (offset − the median offset of the releases
+        nearest the same hypothesis) / τ, shrunk to norm 1, τ the median residual norm of the
+        round, all in the summary. Zero rows when the round's residuals are all zero (nothing
+        to tell apart).
     """
-    rows = released.astype(np.float64)
-    labels = nearest_hypothesis(released, hypotheses)
-    offsets = rows - hypotheses[labels].astype(np.float64)
+    n = released.shape[1]
+    if sketch is None:
+        sketch = CountSketch(width=max(n, 1), seed=0)  # the identity
+    if geometry is None or geometry.sketched is None or geometry.sketch != sketch:
+        geometry = measure_round(released, hypotheses, sketch=sketch)
+    assert geometry.sketched is not None
+    m = geometry.releases
+    labels = geometry.nearest()
+    # The sketch is linear: the offset of a summary is the summary of the offset. The median
+    # is robust statistics on float64 summaries (w ≤ 4096 columns), not on the release itself.
+    offsets = geometry.sketched[:m] - geometry.sketched[m:][labels]
     residuals = np.empty_like(offsets)
     for j in np.unique(labels):
         members = labels == j
@@ -94,22 +141,36 @@ def residual_units(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
 class Persistence:
     """Each device's summed residual units, and the devices set aside.
 
+    Memory: per device one sum of at most :data:`strategies.geometry.SKETCH_WIDTH` float64
+    (4096: 32 KiB, whatever the model's size; a model of n ≤ 4096 parameters is summed exactly,
+    in n float64) and a count; a set-aside device keeps its sum and count (its statistic is
+    logged) and a round number.
+
     Attributes
     ----------
     threshold : float
         c: a device is set aside once ‖S‖ ≥ c·√n (0: the test is off).
     sums : dict of str to np.ndarray
-        S of each device (by name).
+        S of each device (by name), in the summary of :attr:`sketch`.
     counts : dict of str to int
         n: the releases summed for each device.
     set_aside : dict of str to int
         The round each set-aside device was set aside in.
+    sketch : CountSketch
+        The summary residuals are computed and summed in (see the module notes); its seed is
+        the server's, kept in the checkpoint.
     """
 
     threshold: float
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
     set_aside: dict[str, int] = field(default_factory=dict)
+    sketch: CountSketch = field(default_factory=CountSketch)
+
+    def units(self, released: np.ndarray, hypotheses: np.ndarray,
+              geometry: RoundGeometry | None = None) -> np.ndarray:
+        """Return :func:`residual_units` of a round's releases, in this test's summary."""
+        return residual_units(released, hypotheses, sketch=self.sketch, geometry=geometry)
 
     def statistic(self, name: str, unit: np.ndarray | None = None) -> float:
         """Return ‖S‖ / √n of ``name`` (with ``unit`` added as one more release)."""
@@ -154,12 +215,25 @@ class Persistence:
     def to_dict(self) -> dict[str, Any]:
         """Return the state as plain JSON values (for a checkpoint)."""
         return {"sums": {k: v.tolist() for k, v in self.sums.items()},
-                "counts": dict(self.counts), "set_aside": dict(self.set_aside)}
+                "counts": dict(self.counts), "set_aside": dict(self.set_aside),
+                "sketch": {"width": self.sketch.width, "seed": self.sketch.seed}}
 
     def load_dict(self, data: Mapping[str, Any]) -> None:
-        """Restore :meth:`to_dict`."""
-        self.sums = {str(k): np.asarray(v, dtype=np.float64)
-                     for k, v in data.get("sums", {}).items()}
+        """Restore :meth:`to_dict`.
+
+        A checkpoint written before the sums were sketched holds each sum in full: a sum
+        longer than the sketch's width is sketched here (the sketch is linear, so it is the
+        sum of the sketched residuals, up to their normalization in the full space).
+        """
+        sketch = data.get("sketch")
+        if sketch is not None:
+            self.sketch = CountSketch(width=int(sketch["width"]), seed=int(sketch["seed"]))
+        self.sums = {}
+        for key, value in data.get("sums", {}).items():
+            total = np.asarray(value, dtype=np.float64)
+            if total.size > self.sketch.width:
+                total = self.sketch.apply(total[None, :])[0]
+            self.sums[str(key)] = total
         self.counts = {str(k): int(v) for k, v in data.get("counts", {}).items()}
         self.set_aside = {str(k): int(v) for k, v in data.get("set_aside", {}).items()}
 
@@ -175,7 +249,7 @@ def set_aside_persistent(server_round: int, intake: Intake, hypotheses: np.ndarr
     if persistence.threshold <= 0 or intake.released.shape[0] == 0:
         return
     labels = [names.label(cid) for cid in intake.cids]
-    units = residual_units(intake.released, hypotheses)
+    units = persistence.units(intake.released, hypotheses, intake.geometry)
     newly = set(persistence.update(server_round, labels, units))
     keep = [i for i, name in enumerate(labels) if name not in persistence.set_aside]
     for i, (cid, name) in enumerate(zip(intake.cids, labels, strict=True)):
@@ -189,7 +263,5 @@ def set_aside_persistent(server_round: int, intake: Intake, hypotheses: np.ndarr
         elif i not in keep:
             intake.dropped.append((name, "set aside in an earlier round"))
             record(cid).dropped += 1
-    intake.released = intake.released[keep]
-    intake.sigmas = intake.sigmas[keep]
-    intake.cids = [intake.cids[i] for i in keep]
+    intake.keep_rows(keep)
     intake.trust = np.array([persistence.trust(labels[i]) for i in keep], dtype=np.float64)

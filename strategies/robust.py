@@ -60,6 +60,16 @@ device shared the other one.
 A cluster of one or two releases has nothing to vote with: its mean is used (two values have
 the mean as their median). An empty cluster keeps its hypothesis, as with the mean.
 
+What ``clipped-mean`` costs the server: two reads of the round's (m, n) matrix. The first is the
+screening's own pass (:func:`strategies.geometry.measure_round`), which also yields everything
+the clusters need: the exact distance from each release to each hypothesis (a release's offset
+norm in cluster j, since cluster j is anchored on hypothesis j whatever the iteration), the
+round's median distance (the clipping radius), and the Gram matrix of the releases and
+hypotheses. A clipped-mean centroid is θ_j + Σ_i a_ij (x_i − θ_j), a combination of those rows,
+so Lloyd's iterations compare distances through the Gram matrix, in (m + k)² numbers, however
+large n is; the second read makes the final centroids, once. The other aggregators compute their
+centroids each iteration (a median is no combination of rows).
+
 Robustness costs accuracy under local noise: the median of m noisy values is noisier than
 their mean (by ≈ √(π/2) for Gaussian noise), and trimming or Krum's selection drop honest
 releases. docs/RESULTS.md measures that cost and the gain against rogue devices.
@@ -68,13 +78,16 @@ releases. docs/RESULTS.md measures that cost and the gain against rogue devices.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from flwr.server.strategy.aggregate import aggregate_krum, aggregate_median, aggregate_trimmed_avg
 
 from settings import CLUSTER_AGGREGATORS  # declared once, with the setting
-from strategies.aggregation import cluster_means
+from strategies.aggregation import budget_weights, cluster_means
 from strategies.clustering import assign_clusters, nearest_hypothesis
+from strategies.geometry import RoundGeometry, measure_round
 
 __all__ = ["CLIP_CAP", "CLUSTER_AGGREGATORS", "ROBUST_FRACTION", "check_cluster_aggregator",
            "clip_offsets", "cluster_and_aggregate", "cluster_radius", "lower_median",
@@ -86,6 +99,8 @@ ROBUST_FRACTION = 0.2
 MAX_ITERATIONS = 50
 #: ``clipped-mean``: how many times the round's median distance a cluster's radius may reach.
 CLIP_CAP = 3.0
+#: float64 values per block of columns when the centroids are made (~32 MiB at a time).
+_BLOCK = 1 << 22
 
 
 def check_cluster_aggregator(method: str) -> str:
@@ -186,30 +201,147 @@ def robust_cluster_aggregates(
     return out
 
 
-def _radius(released: np.ndarray, hypotheses: np.ndarray) -> float:
+def _round_radius(geometry: RoundGeometry) -> float:
     """Return the clipping radius of ``clipped-mean``.
 
     The median distance from a release to its nearest hypothesis: the round's own scale, which
     a minority cannot move far.
     """
-    labels = nearest_hypothesis(released, hypotheses)
-    distances = np.linalg.norm(released.astype(np.float64) - hypotheses[labels], axis=1)
+    distances = geometry.nearest_distances()
     return float(np.median(distances)) if distances.size else math.inf
 
 
+@dataclass
+class _Clipped:
+    """Each cluster's ``clipped-mean`` as a combination of the round's rows.
+
+    Centroid j is θ_j + Σ_i a_ij (x_i − θ_j), a_ij = (weight of i) · (its clip factor): a
+    linear combination of the releases and the hypotheses, so its distance to every release
+    follows from the Gram matrix (:meth:`scores`) without touching the (m, n) matrix, and the
+    centroids themselves are computed once, at the end (:meth:`centroids`).
+    """
+
+    members: dict[int, tuple[np.ndarray, np.ndarray]]  # cluster -> (rows, a)
+
+    def matrix(self, m: int, k: int) -> np.ndarray:
+        """Return C, (k, m + k): centroid j = C[j] · [X; Θ] (an empty cluster: θ_j)."""
+        c = np.zeros((k, m + k))
+        c[np.arange(k), m + np.arange(k)] = 1.0
+        for j, (rows, a) in self.members.items():
+            c[j, rows] = a
+            c[j, m + j] = 1.0 - a.sum()
+        return c
+
+    def scores(self, gram: np.ndarray, m: int, k: int) -> np.ndarray:
+        """Return (m, k): ‖c_j‖² − 2 x_i·c_j, which orders ‖x_i − c_j‖ for each release."""
+        c = self.matrix(m, k)
+        products = gram[:m] @ c.T
+        return np.einsum("jp,pq,jq->j", c, gram, c)[None, :] - 2.0 * products
+
+    def centroids(self, released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
+        """Return the (k, n) float32 centroids (an empty cluster: its hypothesis).
+
+        float64 over blocks of columns: the offsets x − θ and their weighted sum are exact to
+        float64 before the one rounding to float32, as when each cluster was averaged apart.
+        """
+        out = hypotheses.astype(np.float32, copy=True)
+        n = released.shape[1]
+        step = max(1, _BLOCK // max(released.shape[0], 1))
+        for start in range(0, n, step):
+            stop = min(n, start + step)
+            for j, (rows, a) in self.members.items():
+                anchor = hypotheses[j, start:stop].astype(np.float64)
+                offsets = released[rows, start:stop].astype(np.float64) - anchor
+                out[j, start:stop] = anchor + a @ offsets
+        return out
+
+
+def _clip_factors(distances: np.ndarray, radius: float) -> np.ndarray:
+    """Return min(1, r / ‖offset‖) of each member of one cluster, r its :func:`cluster_radius`."""
+    return np.minimum(1.0, cluster_radius(distances, radius) / np.maximum(distances, 1e-300))
+
+
+def _clipped(geometry: RoundGeometry, labels: np.ndarray, radius: float,
+             weights: Callable[[np.ndarray], np.ndarray]) -> _Clipped:
+    """Return each non-empty cluster's clipped mean, ``weights(rows)`` weighing its members."""
+    members: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for j in np.unique(labels).tolist():
+        rows = np.flatnonzero(labels == j)
+        # The offsets' norms are the screening's exact distances to hypothesis j: the anchor
+        # of cluster j is θ_j whatever the iteration.
+        members[j] = rows, weights(rows) * _clip_factors(geometry.distances[rows, j], radius)
+    return _Clipped(members)
+
+
+def _trust_or_equal(trust: np.ndarray | None) -> Callable[[np.ndarray], np.ndarray]:
+    """Return the weights of ``clipped-mean``'s iterations: ``trust`` normalized, or 1/m."""
+    def weights(rows: np.ndarray) -> np.ndarray:
+        if trust is not None and trust[rows].sum() > 0:
+            return trust[rows] / trust[rows].sum()
+        return np.full(rows.size, 1.0 / rows.size)
+    return weights
+
+
+def _clipped_lloyd(geometry: RoundGeometry, labels: np.ndarray, used: np.ndarray,
+                   radius: float, trust: np.ndarray | None) -> tuple[np.ndarray, _Clipped]:
+    """Lloyd's iterations of ``clipped-mean`` on the Gram matrix.
+
+    Returns the final labels and their clusters' combination (weighted by ``trust``).
+    """
+    assert geometry.gram is not None
+    m, k = geometry.distances.shape
+    weights = _trust_or_equal(trust)
+    combination = _clipped(geometry, labels, radius, weights)
+    for _ in range(MAX_ITERATIONS):
+        if used.size < 2:
+            break
+        scores = combination.scores(geometry.gram, m, k)
+        new = used[np.argmin(scores[:, used], axis=1)]
+        if np.array_equal(new, labels):
+            break
+        labels = new
+        combination = _clipped(geometry, labels, radius, weights)
+    return labels, combination
+
+
+def _few(labels: np.ndarray, k: int, m: int) -> np.ndarray:
+    """Return which clusters hold at least one and at most :func:`trimmed` (m) releases."""
+    sizes = np.bincount(labels, minlength=k)
+    return (sizes > 0) & (sizes <= trimmed(m))
+
+
 def robust_clusters(
-    released: np.ndarray, hypotheses: np.ndarray, method: str, trust: np.ndarray | None = None
+    released: np.ndarray, hypotheses: np.ndarray, method: str, trust: np.ndarray | None = None,
+    geometry: RoundGeometry | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Lloyd's iterations with a robust centroid; return (labels, (k, n) centroids).
 
     Starts from the hypotheses; only those that attract a release at the start take part (an
     empty cluster keeps its hypothesis); stops when no label changes (at most
     :data:`MAX_ITERATIONS`). A cluster of at most :func:`trimmed` (m) releases keeps its
-    hypothesis. ``trust`` is passed to :func:`robust_cluster_aggregates`.
+    hypothesis. ``trust`` is passed to :func:`robust_cluster_aggregates`. ``geometry``: the
+    round's :func:`strategies.geometry.measure_round` of these rows (with the Gram matrix for
+    ``clipped-mean``), or None to measure them here.
+
+    ``clipped-mean`` runs its iterations on the Gram matrix (a centroid is a combination of
+    the rows, :class:`_Clipped`) and makes the centroids once, at the end; the other methods
+    compute each iteration's centroids (a median is no combination of rows).
     """
-    labels = nearest_hypothesis(released, hypotheses)
+    check_cluster_aggregator(method)
+    k, m = hypotheses.shape[0], released.shape[0]
+    clipped = method == "clipped-mean"
+    if geometry is None or (clipped and geometry.gram is None):
+        geometry = measure_round(released, hypotheses, gram=clipped)
+    labels = geometry.nearest()
     used = np.unique(labels)
-    radius = _radius(released, hypotheses)
+    radius = _round_radius(geometry)
+    if clipped:
+        labels, combination = _clipped_lloyd(geometry, labels, used, radius, trust)
+        # A cluster no larger than the share of the round that may lie (trimmed(m)) could be
+        # made of rogues only: it keeps its hypothesis (see the module notes).
+        for j in np.flatnonzero(_few(labels, k, m)).tolist():
+            del combination.members[j]
+        return labels, combination.centroids(released, hypotheses)
     centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius,
                                           trust)
     for _ in range(MAX_ITERATIONS):
@@ -221,10 +353,7 @@ def robust_clusters(
         labels = new
         centroids = robust_cluster_aggregates(released, labels, hypotheses, method, radius,
                                               trust)
-    # A cluster no larger than the share of the round that may lie (trimmed(m)) could be made
-    # of rogues only: it keeps its hypothesis (see the module notes).
-    sizes = np.bincount(labels, minlength=hypotheses.shape[0])
-    few = (sizes > 0) & (sizes <= trimmed(released.shape[0]))
+    few = _few(labels, k, m)
     centroids[few] = hypotheses[few]
     return labels, centroids
 
@@ -232,7 +361,7 @@ def robust_clusters(
 def cluster_and_aggregate(
     released: np.ndarray, sigmas: np.ndarray, hypotheses: np.ndarray, *,
     aggregation: str, cluster_aggregator: str, rng: np.random.Generator,
-    trust: np.ndarray | None = None,
+    trust: np.ndarray | None = None, geometry: RoundGeometry | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Which cluster each release joins, and what each cluster becomes.
 
@@ -241,7 +370,9 @@ def cluster_and_aggregate(
     ``rng``). Any other: :func:`robust_clusters`, which ignores the weights (a weight per
     release is what a rogue would declare in its favour: the smallest σ). ``trust`` (one
     weight per release, from the persistence test) weighs ``mean`` and ``clipped-mean``; the
-    median, trimmed mean and Krum do not take weights.
+    median, trimmed mean and Krum do not take weights. ``geometry``: the round's
+    :func:`strategies.geometry.measure_round` of these rows, shared with the screening and
+    the persistence test (None: measured here when needed).
 
     Returns
     -------
@@ -254,19 +385,29 @@ def cluster_and_aggregate(
         labels = assign_clusters(released, hypotheses)
         return labels, cluster_means(released, sigmas, labels, hypotheses, aggregation, rng,
                                      trust)
-    labels, centroids = robust_clusters(released, hypotheses, cluster_aggregator, trust)
-    if cluster_aggregator == "clipped-mean" and aggregation != "mean":
-        # The budget weights apply to the clipped releases: clipping bounds what one release
-        # can do, the weights still favour the precise ones.
-        anchors = hypotheses[labels].astype(np.float64)
-        offsets = released.astype(np.float64) - anchors
-        norms = np.linalg.norm(offsets, axis=1)
-        radius = _radius(released, hypotheses)
-        by_cluster = np.zeros(hypotheses.shape[0])
-        for j in np.unique(labels):
-            by_cluster[j] = cluster_radius(norms[labels == j], radius)
-        clipped = (anchors + clip_offsets(offsets, norms, by_cluster[labels])).astype(np.float32)
-        weighted = cluster_means(clipped, sigmas, labels, hypotheses, aggregation, rng, trust)
-        moved = ~np.all(centroids == hypotheses, axis=1)  # the clusters robust_clusters moved
-        centroids[moved] = weighted[moved]
-    return labels, centroids
+    if cluster_aggregator != "clipped-mean" or aggregation == "mean":
+        return robust_clusters(released, hypotheses, cluster_aggregator, trust, geometry)
+    # The budget weights apply to the clipped releases: clipping bounds what one release can
+    # do, the weights still favour the precise ones. The clusters are robust_clusters'; each
+    # one it moves becomes the weighted mean of its clipped releases.
+    if geometry is None or geometry.gram is None:
+        geometry = measure_round(released, hypotheses, gram=True)
+    k, m = hypotheses.shape[0], released.shape[0]
+    radius = _round_radius(geometry)
+    start = geometry.nearest()
+    labels, _ = _clipped_lloyd(geometry, start, np.unique(start), radius, trust)
+    weights: dict[int, np.ndarray] = {}
+    for j in np.unique(labels).tolist():
+        # Every non-empty cluster draws its weights in increasing order, as cluster_means does
+        # (``probability`` draws one ω per non-empty cluster, the few-member ones included).
+        rows = np.flatnonzero(labels == j)
+        alpha = budget_weights(sigmas[rows], aggregation, rng)
+        if trust is not None:
+            scaled = alpha * trust[rows]
+            if scaled.sum() > 0:
+                alpha = scaled / scaled.sum()
+        weights[j] = alpha
+    combination = _clipped(geometry, labels, radius, lambda rows: weights[int(labels[rows[0]])])
+    for j in np.flatnonzero(_few(labels, k, m)).tolist():
+        del combination.members[j]
+    return labels, combination.centroids(released, hypotheses)
