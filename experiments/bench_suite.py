@@ -112,16 +112,27 @@ def release_results(out: str) -> list[Result]:
             for row in markdown_tables(out)[0]]
 
 
+#: bench_aggregate's heading of each arm's table, and its closing ratio line.
+_AGGREGATE_ARM = re.compile(r"^aggregate_fit, arm (\S+) ", re.MULTILINE)
+_AGGREGATE_RATIO = re.compile(
+    r"robust / mean, CPU time: ([\d.]+) s / ([\d.]+) s = ([\d.]+)")
+
+
 def aggregate_results(out: str) -> list[Result]:
-    """Read aggregate_fit's peak extra memory against the replies' own size."""
-    rows = {row["measure"]: row for row in markdown_tables(out)[0]}
-    size = number(rows["replies' size"]["value"])
-    # The benchmark's own ratio: its table rounds the sizes to whole MiB.
-    results = [Result(f"aggregate_fit: {name}", number(row["value"]), size, "MiB",
-                      "replies' size", number(row["/ replies' size"]))
-               for name, row in rows.items() if name.startswith("peak extra memory")]
-    timing = next(name for name in rows if name.startswith("time"))
-    results.append(Result(f"aggregate_fit: {timing}", number(rows[timing]["value"]), None, "s"))
+    """Read the robust arm's CPU time against the plain mean's, and each arm's peak memory."""
+    results = []
+    for arm, table in zip(_AGGREGATE_ARM.findall(out), markdown_tables(out), strict=True):
+        rows = {row["measure"]: row for row in table}
+        size = number(rows["replies' size"]["value"])
+        # The benchmark's own ratio: its table rounds the sizes to whole MiB.
+        results += [Result(f"aggregate_fit {arm}: {name}", number(row["value"]), size, "MiB",
+                           "replies' size", number(row["/ replies' size"]))
+                    for name, row in rows.items() if name.startswith("peak extra memory")]
+    ratio = _AGGREGATE_RATIO.search(out)
+    if ratio is not None:
+        robust, mean, printed = (float(g) for g in ratio.groups())
+        results.append(Result("aggregate_fit: robust clusters, CPU time", robust, mean, "CPU s",
+                              "the plain mean's", printed))
     return results
 
 
@@ -159,11 +170,32 @@ def round_results(out: str) -> list[Result]:
 
 
 def scale_results(out: str) -> list[Result]:
-    """Read seconds per round on the Simulation Engine against Flower's FedAvg, same SuperLink."""
+    """Read the Simulation Engine's seconds per round against FedAvg's at the same users.
+
+    At each larger number of users, also the later rounds (round 1 holds the engine's start)
+    against the first number's.
+    """
     table = markdown_tables(out)[-1]
-    base = number(column(table[0], "s / round"))
-    return [Result(f"scale: {next(iter(row.values()))}", number(column(row, "s / round")),
-                   base, "s / round", "Flower FedAvg") for row in table]
+    fedavg: dict[str, float] = {}
+    first_later: dict[str, float] = {}
+    first_users = column(table[0], "users")
+    results = []
+    for row in table:
+        app, users = next(iter(row.values())), column(row, "users")
+        per_round = number(column(row, "s / round, mean"))
+        if app.startswith("Flower"):
+            fedavg[users] = per_round
+        results.append(Result(f"scale: {app}, {users} users", per_round, fedavg.get(users),
+                              "s / round", "Flower FedAvg"))
+        later = column(row, "later rounds, s")
+        if later in ("", "nan"):
+            continue
+        if users == first_users:
+            first_later[app] = number(later)
+        elif app in first_later:
+            results.append(Result(f"scale: {app}, later rounds at {users} users", number(later),
+                                  first_later[app], "s / round", f"at {first_users} users"))
+    return results
 
 
 #: A device's memory documented in docs/SCALE.md, section 5 (PSS, 10-100 devices): bench_deploy
@@ -226,10 +258,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
               round_results, processes=True),
     Benchmark("scale", "experiments.bench_scale",
               {"smoke": ("--users", "4", "--per-round", "2", "--rounds", "1", "--repeats", "1"),
-               "quick": ("--users", "50", "--per-round", "10", "--rounds", "2", "--repeats",
-                         "1"),
-               "full": ("--users", "1000", "--per-round", "100", "--rounds", "5", "--repeats",
-                        "4")},
+               "quick": ("--users", "50", "500", "--per-round", "10", "--rounds", "3",
+                         "--repeats", "1"),
+               "full": ("--users", "10000", "100000", "--per-round", "1000", "--rounds", "3",
+                        "--repeats", "1")},
               scale_results, processes=True),
     Benchmark("deploy", "experiments.bench_deploy",
               {"smoke": ("--devices", "1", "--rounds", "1"),

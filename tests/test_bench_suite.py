@@ -52,26 +52,40 @@ def test_round_tables_set_each_run_against_fedavg() -> None:
     assert ratios["round: gpfl, P = 2,000, peak RSS a device"] is None
 
 
-def test_aggregate_table_keeps_the_benchmarks_own_ratio() -> None:
-    table = ("| measure | value | / replies' size |\n| --- | ---: | ---: |\n"
-             "| time (best of 2) | 0.250 s | |\n| replies' size | 8 MiB | 1.00 |\n"
-             "| peak extra memory, tracemalloc | 57 MiB | 7.50 |\n")
-    memory, timing = bench_suite.aggregate_results(table)
+def test_aggregate_tables_keep_the_benchmarks_own_ratios() -> None:
+    def arm(name: str, memory: str) -> str:
+        return (f"aggregate_fit, arm {name} ({{}}): U=4 replies\n\n"
+                "| measure | value | / replies' size |\n| --- | ---: | ---: |\n"
+                "| CPU time (best of 2) | 0.250 s | |\n| replies' size | 8 MiB | 1.00 |\n"
+                f"| peak extra memory, tracemalloc | {memory} |\n\n")
+    out = (arm("mean", "57 MiB | 7.50") + arm("robust", "10 MiB | 1.30")
+           + "robust / mean, CPU time: 0.200 s / 0.250 s = 0.81\n")
+    mean, robust, timing = bench_suite.aggregate_results(out)
     # 57 / 8 would be 7.12: the printed ratio comes from the unrounded sizes.
-    assert (memory.measured, memory.anchor, memory.ratio) == (57.0, 8.0, 7.5)
-    assert timing.measured == pytest.approx(0.25) and timing.ratio is None
+    assert mean.benchmark == "aggregate_fit mean: peak extra memory, tracemalloc"
+    assert (mean.measured, mean.anchor, mean.ratio) == (57.0, 8.0, 7.5)
+    assert robust.benchmark.startswith("aggregate_fit robust:") and robust.ratio == 1.3
+    assert (timing.measured, timing.anchor, timing.ratio) == (0.2, 0.25, 0.81)
 
 
 def test_fab_scale_and_deploy_tables() -> None:
     fab = ("| FAB built from | files | CPU s |\n| --- | ---: | ---: |\n"
            "| the app folder | 100 | 4.00 |\n| gpfl's copy (copy + build) | 10 | 0.50 + 0.50 |\n")
-    scale = ("| run (4 virtual users) | s / round, mean | range | ratio | peak RSS, GB |\n"
-             "| --- | ---: | ---: | ---: | ---: |\n| Flower FedAvg | 2.00 | 2-2 | 1.00 | 1 |\n"
-             "| gpfl | 3.00 | 3-3 | 1.50 | 1 |\n")
+    scale = ("| run (2 a round) | users | s / round, mean | range | ratio to FedAvg "
+             "| later rounds, s / round | later rounds, ratio to 4 users | peak RSS, GB |\n"
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+             "| Flower FedAvg | 4 | 2.00 | 2-2 | 1.00 | 1.00 | 1.00 | 1 |\n"
+             "| gpfl | 4 | 3.00 | 3-3 | 1.50 | 2.00 | 1.00 | 1 |\n"
+             "| Flower FedAvg | 40 | 4.00 | 4-4 | 1.00 | 1.50 | 1.50 | 1 |\n"
+             "| gpfl | 40 | 2.00 | 2-2 | 0.50 | 2.50 | 1.25 | 1 |\n")
     deploy = ("| devices (1 rounds) | s / round | MB / device | x |\n"
               "| ---: | ---: | ---: | ---: |\n| 1 | 3.5 | 82.0 | 0 |\n| 2 | skipped | | |\n")
     assert [r.ratio for r in bench_suite.fab_results(fab)] == [pytest.approx(0.25)]
-    assert [r.ratio for r in bench_suite.scale_results(scale)] == [1.0, pytest.approx(1.5)]
+    ratios = {r.benchmark: r.ratio for r in bench_suite.scale_results(scale)}
+    assert ratios == {"scale: Flower FedAvg, 4 users": 1.0, "scale: gpfl, 4 users": 1.5,
+                      "scale: Flower FedAvg, 40 users": 1.0, "scale: gpfl, 40 users": 0.5,
+                      "scale: Flower FedAvg, later rounds at 40 users": 1.5,
+                      "scale: gpfl, later rounds at 40 users": 1.25}
     memory, rounds = bench_suite.deploy_results(deploy)
     assert memory.ratio == pytest.approx(82.0 / bench_suite.DOCUMENTED_DEVICE_MB)
     assert rounds.measured == pytest.approx(3.5) and rounds.ratio is None
@@ -100,7 +114,8 @@ def test_run_suite_runs_the_benchmark_processes_and_reads_them() -> None:
     assert failed == []
     names = [r.benchmark for r in results]
     assert any(n.startswith("release: ") for n in names)
-    assert any(n.startswith("aggregate_fit: peak extra memory") for n in names)
+    assert any(n.startswith("aggregate_fit robust: peak extra memory") for n in names)
+    assert "aggregate_fit: robust clusters, CPU time" in names
     assert all(r.ratio is None or r.ratio > 0 for r in results)
     assert out.getvalue().rstrip().splitlines()[-len(results) - 2] == (
         "| benchmark | measured | floor / anchor | ratio |")

@@ -230,8 +230,8 @@ def run_runner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keyed: bool,
         starts.append(clock.now)
         return _Proc(codes[min(len(starts), len(codes)) - 1], -1)
 
-    monkeypatch.setattr(supernode, "_start", start)
-    monkeypatch.setattr(supernode, "_stop", lambda proc: None)
+    monkeypatch.setattr(supernode, "start_child", start)
+    monkeypatch.setattr(supernode, "stop_child", lambda proc: None)
     monkeypatch.setattr(supernode, "time", clock)
     parser = argparse.ArgumentParser()
     supernode.add_arguments(parser)
