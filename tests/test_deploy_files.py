@@ -36,11 +36,23 @@ def test_compose_superlink() -> None:
     cmd = link["command"]
     assert cmd[0] == "superlink"
     assert "--host=0.0.0.0" in cmd and "--fleet-api-address=0.0.0.0:9092" in cmd
-    assert "--disable-runtime-dependency-installation" in cmd and "--isolation=subprocess" in cmd
+    # No SuperExec: the `serverapp` service is the ServerApp, one warm process a run.
+    assert "--disable-runtime-dependency-installation" in cmd and "--isolation=process" in cmd
     assert "--insecure" not in cmd  # security comes from the entry point (TLS override)
     for port in link["ports"]:
         assert port.startswith("127.0.0.1:"), f"published beyond localhost: {port}"
-    assert any(v.startswith("results:") for v in link["volumes"])
+
+
+def test_compose_serverapp_serves_the_superlink_and_writes_the_results() -> None:
+    doc = load("compose.yml")
+    serverapp = doc["services"]["serverapp"]
+    assert serverapp["command"] == ["serverapp"]
+    assert serverapp["depends_on"] == ["superlink"]
+    assert any(v.startswith("results:") for v in serverapp["volumes"])
+    assert serverapp["working_dir"] == "/data/results"
+    # With TLS it trusts the SuperLink's CA, as the other clients of its API do.
+    tls = load("compose.tls.yml")["services"]
+    assert tls["serverapp"] == tls["submit"]
 
 
 def test_compose_supernodes_have_their_own_partition_ledger_and_budget() -> None:
@@ -165,9 +177,23 @@ def test_entrypoint_security_from_environment(stub_path: Path, tmp_path: Path) -
 def test_entrypoint_submit_writes_the_connection(stub_path: Path, tmp_path: Path) -> None:
     argv = entrypoint(stub_path, "submit", "--run-config", "num-rounds=2",
                       GPFL_SUPERLINK="superlink:8000")
-    assert argv == ["flwr", "run", "/app", "deploy", "--stream", "--run-config", "num-rounds=2"]
+    # gpfl submit: flwr run --stream, followed within deadlines.
+    assert argv == ["gpfl", "submit", "/app", "deploy", "--run-config", "num-rounds=2"]
     config = (tmp_path / "flwr" / "config.toml").read_text()
     assert 'address = "superlink:8000"' in config and "insecure = true" in config
+
+
+def test_entrypoint_serverapp_serves_the_superlinks_runtime_api(stub_path: Path,
+                                                                tmp_path: Path) -> None:
+    assert entrypoint(stub_path, "serverapp") == [
+        "gpfl", "serverapp", "--superlink", "superlink:8000"]
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.crt").write_text("x")
+    assert entrypoint(stub_path, "serverapp", GPFL_TLS_DIR=str(certs),
+                      GPFL_SUPERLINK="link:9000") == [
+        "gpfl", "serverapp", "--superlink", "link:9000", "--root-certificates",
+        f"{certs}/ca.crt"]
 
 
 def test_entrypoint_refuses_unreadable_certificates(stub_path: Path, tmp_path: Path) -> None:
