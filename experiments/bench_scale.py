@@ -51,6 +51,7 @@ from experiments.bench_round import timed_run
 from experiments.scale import MemoryMonitor
 from server.launcher import Federation, project_root
 from server.processes import SERVERAPP, bin_dir
+from server.raycluster import ray_cluster_env
 
 _LINE_NUMBER = re.compile(r":\d+\)$")
 
@@ -201,6 +202,8 @@ def bench_users(users: int, args: argparse.Namespace) -> dict[str, AppTimes]:
     with Federation(workdir=work) as fed, contextlib.ExitStack() as stack:
         fed.extra_env[POLICY_ENV] = str(policy)
         fed.extra_env["RAY_worker_niceness"] = "0"
+        if args.ray_address is not None:  # the virtual nodes run on a running Ray cluster
+            fed.extra_env.update(ray_cluster_env(args.ray_address, policy))
         fed.start_superlink(simulation_supernodes=users)
         profiler = (stack.enter_context(Profiler(fed, args.py_spy))
                     if args.py_spy is not None else None)
@@ -230,6 +233,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-round", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT",
+                        help="run the virtual nodes on the running Ray cluster whose head is "
+                             "HOST:PORT (as gpfl launch --ray-address) instead of a local Ray")
     parser.add_argument("--py-spy", type=Path, default=None, metavar="DIR",
                         help="sample each run's ServerApp and Ray actors with py-spy into DIR")
     args = parser.parse_args(argv)
