@@ -34,7 +34,7 @@ from server.federation import (
     stream_lines,
     wait_for_port,
 )
-from server.processes import Liveness, ProcessWatch
+from server.processes import STARTUP_TIMEOUT_S, Liveness, ProcessWatch, stall_seconds
 from server.raycluster import ray_cluster_env
 from server.results import END_LINE, ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
 from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
@@ -92,20 +92,6 @@ class LaunchResult:
         return self.status in FINISHED
 
 
-#: Seconds from the submission to the ServerApp's first line before a launch gives up: minutes
-#: on a loaded host (importing Flower, torch and scikit-learn took ~5 s idle), far below the
-#: hour-long default ``--timeout``.
-STARTUP_TIMEOUT_S = 600.0
-
-
-def stall_seconds(round_timeout: float) -> float:
-    """Seconds without a round after which a running launch is given up.
-
-    A round waits up to one ``round-timeout`` for its quorum and one for its replies, then
-    validates on the server: three deadlines and two minutes is more than any round that
-    progresses takes.
-    """
-    return 3 * round_timeout + 120.0
 
 
 def _plan_budgets(settings: RunSettings, config: Mapping[str, Any],

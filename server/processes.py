@@ -150,6 +150,22 @@ REFUSED_MARK = "gpfl-serverapp: the SuperLink refused this ServerApp"
 CLAIMED_MARK = "claimed the task of run"
 
 
+#: Seconds from the submission to the ServerApp's first line before a run is given up
+#: (``gpfl launch``, ``gpfl submit``): minutes on a loaded host (importing Flower, torch and
+#: scikit-learn took ~5 s idle), far below the hour-long default ``--timeout``.
+STARTUP_TIMEOUT_S = 600.0
+
+
+def stall_seconds(round_timeout: float) -> float:
+    """Seconds without a round after which a running run is given up.
+
+    A round waits up to one ``round-timeout`` for its quorum and one for its replies, then
+    validates on the server: three deadlines and two minutes is more than any round that
+    progresses takes.
+    """
+    return 3 * round_timeout + 120.0
+
+
 @dataclass
 class Liveness:
     """When a run that shows no progress is given up.

@@ -31,13 +31,21 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.processes import Liveness, ProgressClock, bin_dir, child_env, terminate_tree
+from server.processes import (
+    STARTUP_TIMEOUT_S,
+    Liveness,
+    ProgressClock,
+    bin_dir,
+    child_env,
+    stall_seconds,
+    terminate_tree,
+)
 from settings.pairs import PairsError, read_settings
 
 __all__ = ["DEFAULT_STARTUP_S", "add_arguments", "run", "run_config_of"]
 
 #: Seconds from the submission to the ServerApp's first ``[gpfl]`` line (``gpfl launch``'s).
-DEFAULT_STARTUP_S = 600.0
+DEFAULT_STARTUP_S = STARTUP_TIMEOUT_S
 #: Seconds ``flwr stop`` gets to reach the SuperLink.
 STOP_TIMEOUT_S = 60.0
 #: Exit status of a submission that ran no round (``gpfl launch``'s "launch failed").
@@ -158,9 +166,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] | None = None,
     except (SettingError, PairsError) as err:
         echo(f"failed, nothing submitted: {err}")
         return EXIT_FAILED
-    # The launcher's stall deadline (server.launcher.stall_seconds), from the same setting.
-    stall_s = 3 * settings.round_timeout + 120.0
-    clock = ProgressClock(Liveness(startup_s, stall_s), ROUND_TAG)
+    clock = ProgressClock(Liveness(startup_s, stall_seconds(settings.round_timeout)), ROUND_TAG)
     argv = [str(bin_dir() / "flwr"), "run", args.app, args.superlink, "--stream", *flwr_args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True, bufsize=1,
