@@ -21,10 +21,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from types import FrameType
 
 from server.processes import EXIT_REFUSED
-from server.supernode import start_child, stop_child
+from server.supernode import StopSignal, raise_stop_signal, start_child, stop_child
 
 __all__ = ["add_arguments", "run", "runner_argv"]
 
@@ -55,16 +54,6 @@ def runner_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-class _Stop(Exception):
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop(signum)
-
-
 def ended_line(pid: int, code: int) -> str:
     """Say in one line how one run's process ended."""
     if code == EXIT_REFUSED:
@@ -85,7 +74,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] | None = None) -> 
     echo = echo or say
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for s in previous:
-        signal.signal(s, _raise_stop)
+        signal.signal(s, raise_stop_signal)
     child: subprocess.Popen[bytes] | None = None
     try:
         while True:
@@ -97,7 +86,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] | None = None) -> 
             if args.once:
                 return code
             time.sleep(PAUSE_S)
-    except _Stop as stop:
+    except StopSignal as stop:
         echo(f"signal {stop.signum}: stopping the ServerApp process")
         return 128 + stop.signum
     finally:

@@ -49,8 +49,8 @@ from typing import Any
 from server import fleet_poll
 from server.processes import child_env, terminate_tree
 
-__all__ = ["add_arguments", "executor_argv", "parse_node_config", "run", "start_child",
-           "stop_child", "supernode_argv"]
+__all__ = ["StopSignal", "add_arguments", "executor_argv", "parse_node_config",
+           "raise_stop_signal", "run", "start_child", "stop_child", "supernode_argv"]
 
 #: The port of the SuperNode's Runtime API when none is given (Flower's default).
 DEFAULT_PORT = 9094
@@ -271,14 +271,17 @@ def stop_child(proc: subprocess.Popen[bytes] | None, timeout: float = 5.0) -> No
     terminate_tree([proc.pid], timeout=1.0)
 
 
-class _Stop(Exception):
+class StopSignal(Exception):
+    """A stop signal (SIGTERM, SIGINT, SIGHUP) received by a process that watches children."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
 
-def _raise_stop(signum: int, frame: FrameType | None) -> None:
-    raise _Stop(signum)
+def raise_stop_signal(signum: int, frame: FrameType | None) -> None:
+    """Signal handler: raise :class:`StopSignal`, so the watcher's cleanup runs."""
+    raise StopSignal(signum)
 
 
 def run(args: argparse.Namespace, echo: Any = None) -> int:
@@ -325,7 +328,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
 
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for s in previous:
-        signal.signal(s, _raise_stop)
+        signal.signal(s, raise_stop_signal)
     try:
         supernode = start_supernode()
         echo(f"SuperNode pid {supernode.pid} (process isolation, Runtime API "
@@ -359,7 +362,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
                 started = time.monotonic()
                 executor = start_executor()
             time.sleep(0.2)
-    except _Stop as stop:
+    except StopSignal as stop:
         echo(f"signal {stop.signum}: stopping the SuperNode and the executor")
         return 128 + stop.signum
     finally:
