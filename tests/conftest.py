@@ -88,3 +88,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
                                  item.get_closest_marker("integration") is None))
+
+
+#: Lines kept from the end of each process log a failed real-process test leaves.
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """Attach the tail of every process log under a failed test's ``tmp_path`` to its report.
+
+    A real-process test that fails on a loaded CI host is rarely reproduced at will; the
+    SuperLink's, the ServerApp's and each SuperNode's own words about the run are what tell a
+    lost message from a slow reconnect, so they are printed with the failure.
+    """
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path) and tmp_path.is_dir():
+        for log in sorted(tmp_path.rglob("logs/*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+            report.sections.append((f"log {log.relative_to(tmp_path)}", "\n".join(lines)))
+    return report
