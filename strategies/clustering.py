@@ -25,6 +25,9 @@ __all__ = ["assign_clusters", "load_kmeans", "nearest_hypothesis", "seeded_kmean
 
 _LOG = logging.getLogger(__name__)
 
+#: Numbers per float64 block of :func:`nearest_hypothesis` (8 MiB).
+_BLOCK_NUMBERS = 1 << 20
+
 
 def nearest_hypothesis(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarray:
     """Index of the nearest hypothesis (Euclidean) for each released vector.
@@ -42,8 +45,15 @@ def nearest_hypothesis(released: np.ndarray, hypotheses: np.ndarray) -> np.ndarr
         (m,) ``intp`` in [0, k); a tie goes to the lowest index.
     """
     # ‖x − h‖² = ‖x‖² − 2x·h + ‖h‖²; ‖x‖² does not change the argmin, so it is not computed.
-    h = hypotheses.astype(np.float64)
-    scores = np.einsum("ij,ij->i", h, h)[None, :] - 2.0 * (released @ h.T)
+    # In float64, over blocks of columns: a float64 copy of all m releases (800 MB for 100
+    # replies of 10^6 parameters) is never held, only m × (block) numbers at a time.
+    m, n = released.shape
+    scores = np.zeros((m, hypotheses.shape[0]), dtype=np.float64)
+    columns = max(1, _BLOCK_NUMBERS // max(m, hypotheses.shape[0]))
+    for start in range(0, n, columns):
+        h = hypotheses[:, start:start + columns].astype(np.float64)
+        x = released[:, start:start + columns].astype(np.float64)
+        scores += np.einsum("ij,ij->i", h, h)[None, :] - 2.0 * (x @ h.T)
     return np.argmin(scores, axis=1).astype(np.intp)
 
 
