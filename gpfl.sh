@@ -49,7 +49,7 @@ case "$cmd" in
         setup
         export PATH="$PWD/$VENV/bin:$PATH"
         echo "== ruff" && ruff check .
-        echo "== mypy" && mypy settings mechanisms strategies client server tasks experiments
+        echo "== mypy" && mypy settings mechanisms strategies client server deploy tasks experiments
         echo "== import-linter" && lint-imports --no-cache --no-logo
         # Two workers, one test file each at a time: the real-process tests mostly wait on
         # Flower's 3 s polling, so a second worker overlaps them with the CPU-bound ones.

@@ -4,7 +4,7 @@ Flower's SuperNode in ``--isolation process`` runs no app code itself: it queues
 message and an outside executor serves it over the SuperNode's local Runtime API. Flower's own
 executor (``flower-superexec``) starts one ``flwr-clientapp`` process per task, which installs
 the FAB the server sent and imports *its* ClientApp. This executor, started by ``gpfl supernode``
-(:mod:`server.supernode`), differs in two ways:
+(:mod:`client.supernode`), differs in two ways:
 
 * **The device's code.** Every task is handled by :data:`client.app.app`, imported from the gpfl
   installed on this device. The FAB is pulled (Flower's Runtime API hands it out with the task)

@@ -7,7 +7,7 @@ with k = 5 hypotheses and the budget-aware weights (``aggregation = weighted``),
 ``mean``
     the papers' clusters (k-means, budget-weighted cluster means; the app's default);
 ``robust``
-    ``gpfl launch``'s robust clusters (:data:`server.quickstart.ROBUST_CLUSTERS`:
+    ``gpfl launch``'s robust clusters (:data:`deploy.quickstart.ROBUST_CLUSTERS`:
     ``clipped-mean`` and the persistence test at ``persistence-threshold = 3``).
 
 Prints a Markdown table per arm and, with both, the ratio robust / mean of their CPU times.
@@ -46,7 +46,7 @@ import numpy as np
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.client_proxy import ClientProxy
 
-from server.quickstart import ROBUST_CLUSTERS
+from deploy.quickstart import ROBUST_CLUSTERS
 from strategies import ClusteredStrategy
 
 K = 5

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import psutil
 
+from deploy.launcher import Federation, project_root
 from experiments.bench_round import timed_run
-from server.launcher import Federation, project_root
 
 
 def _tree(pid: int) -> list[psutil.Process]:

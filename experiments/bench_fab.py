@@ -1,7 +1,7 @@
 """Benchmark: what building the run's FAB costs, from the app folder and from gpfl's copy of it.
 
 ``flwr run <dir>`` builds the FAB from every file under ``dir`` before its filters drop most of
-them; ``gpfl launch`` hands it the copy :func:`server.fab.stage_app` makes instead. Prints the
+them; ``gpfl launch`` hands it the copy :func:`deploy.fab.stage_app` makes instead. Prints the
 files under each folder and the CPU seconds of each step, and whether both FABs are the same.
 
     python -m experiments.bench_fab            # this checkout
@@ -20,8 +20,8 @@ from typing import TypeVar
 
 from flwr.cli.build import build_fab_from_disk
 
-from server.fab import stage_app
-from server.federation import project_root
+from deploy.fab import stage_app
+from deploy.federation import project_root
 
 T = TypeVar("T")
 

@@ -47,8 +47,8 @@ from pathlib import Path
 
 import psutil
 
-from server.launcher import Federation, project_root, stream_lines
-from server.processes import SERVERAPP
+from deploy.launcher import Federation, project_root, stream_lines
+from deploy.processes import SERVERAPP
 
 _FINISHED = re.compile(r"Run finished (\d+) round\(s\) in ([\d.]+)s")
 

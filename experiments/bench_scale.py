@@ -20,7 +20,7 @@ Ray starts its workers (the Ray actors that run the ClientApps) 15 niceness leve
 parent by default; the benchmark asks for none (``RAY_worker_niceness=0``, for both apps), so
 that on a shared machine the actors run at the benchmark's own priority.
 
-With ``--py-spy DIR`` every run's simulation process (``server.serverapp_runner``) and Ray actors
+With ``--py-spy DIR`` every run's simulation process (``deploy.serverapp_runner``) and Ray actors
 (``ray::ClientAppActor``) are sampled with py-spy (``--gil``: where CPU goes, in raw form,
 ``DIR/<run>-<role>-<pid>.txt``) and the heaviest frames of each are printed. Sampling costs
 the sampled processes little (``--nonblocking``) but takes CPU of its own: time a run without it.
@@ -47,11 +47,12 @@ from pathlib import Path
 import psutil
 
 from client.policy import POLICY_ENV
+from client.process_tree import bin_dir
+from deploy.launcher import Federation, project_root
+from deploy.processes import SERVERAPP
+from deploy.raycluster import ray_cluster_env
 from experiments.bench_round import timed_run
 from experiments.scale import MemoryMonitor
-from server.launcher import Federation, project_root
-from server.processes import SERVERAPP, bin_dir
-from server.raycluster import ray_cluster_env
 
 _LINE_NUMBER = re.compile(r":\d+\)$")
 
@@ -96,7 +97,7 @@ class Profiler:
     def _watch(self) -> None:
         py_spy = str(bin_dir() / "py-spy")
         while not self._stop.wait(0.3):
-            # The run's simulation process is the launcher's own (server.serverapp_runner),
+            # The run's simulation process is the launcher's own (deploy.serverapp_runner),
             # and Ray's actors are its descendants.
             run = self.fed.procs.procs.get(SERVERAPP)
             if run is None or run.poll() is not None:

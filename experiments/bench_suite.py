@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
-from server.launcher import project_root
+from deploy.launcher import project_root
 
 __all__ = ["BENCHMARKS", "Benchmark", "Result", "markdown_tables", "run_suite", "suite_table"]
 

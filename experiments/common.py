@@ -2,7 +2,7 @@
 
 An experiment's configurations are mostly federations (`FederationSpec`: a run config and a
 number of virtual SuperNodes) run one at a time on Flower's Simulation Engine through
-`server.launcher.launch`; `experiments.runner` runs the grid, `experiments.tables` turns the
+`deploy.launcher.launch`; `experiments.runner` runs the grid, `experiments.tables` turns the
 ``summary.json`` files into ``results.csv``.
 
 Runs are cached by content: the run directory of a spec is ``<cache>/<slug>-<hash>`` where the
@@ -254,7 +254,7 @@ class Context:
 
         Raises
         ------
-        server.launcher.LaunchError
+        deploy.launcher.LaunchError
             If the federation fails (its logs stay in the run directory).
         """
         directory = self.run_dir(spec)
@@ -270,7 +270,7 @@ class Context:
 
             summary = launch_direct(spec.config, spec.supernodes, directory, policy, echo)
         else:
-            from server.launcher import launch  # Flower is imported only when a run is needed
+            from deploy.launcher import launch  # Flower is imported only when a run is needed
 
             summary = launch(supernodes=spec.supernodes, simulation=True, run_config=spec.config,
                              policy=policy, out_dir=directory, echo=echo,

@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from deploy.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
 from experiments.accuracy_vs_nu import USERS, digits_config
 from experiments.claims import flow
 from experiments.common import Context, FederationSpec
@@ -36,7 +37,6 @@ from experiments.tables import (
     spends_of,
     verdict,
 )
-from server.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
 from strategies.server_update import RESEEDED
 
 NAME = "digits-server-update"
@@ -44,7 +44,7 @@ COLUMNS = ("nu", "update", "seed", "accuracy", "final_accuracy", "mean_accuracy"
            "rounds", "median_spend", "max_spend", "dropped", "reseeded")
 #: Each arm's overrides of the digits run config (whose clusters are plain means,
 #: ``experiments.common.PAPERS_AGGREGATION``); ``papers`` is the app's default update, ``gpfl``
-#: the quickstart's update and robust cluster aggregation (``server.quickstart``).
+#: the quickstart's update and robust cluster aggregation (``deploy.quickstart``).
 UPDATES: dict[str, dict[str, Any]] = {
     "papers": {"server-update": "mean"},
     "plateau": {"server-update": "plateau", "reseed-after": 3},
@@ -194,7 +194,7 @@ def section(rows: list[dict[str, str]]) -> list[str]:
                   "cluster is split, and under this much noise both halves land far from it "
                   "(the validation loss jumps, then recovers over rounds). This is why the app's "
                   "defaults keep the papers' mean and `gpfl launch` asks for the robust clusters "
-                  "only from 10 SuperNodes (`server/quickstart.py`), where every device answers "
+                  "only from 10 SuperNodes (`deploy/quickstart.py`), where every device answers "
                   "every round and rogue-devices measured them."]
     return lines
 

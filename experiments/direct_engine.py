@@ -43,8 +43,8 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
 from client.policy import POLICY_ENV
+from deploy.rundir import add_ledgers, write_policy
 from server.results import ROUND_TAG, mark_incomplete
-from server.rundir import add_ledgers, write_policy
 from server.settings import check_launch
 
 __all__ = ["DirectGrid", "launch_direct"]
@@ -142,7 +142,7 @@ class DirectGrid(Grid):
 
 
 class _Echo(logging.Handler):
-    """Pass the per-round lines and errors of a run to ``echo`` (as `server.launcher` does)."""
+    """Pass the per-round lines and errors of a run to ``echo`` (as `deploy.launcher` does)."""
 
     def __init__(self, echo: Callable[[str], None]) -> None:
         super().__init__(logging.INFO)
@@ -160,20 +160,20 @@ def launch_direct(run_config: Mapping[str, Any], supernodes: int, out: Path,
                   policy: Mapping[str, Any], echo: Callable[[str], None]) -> dict[str, Any]:
     """Run a federation with the direct engine in ``out``; return its summary.
 
-    As :func:`server.launcher.launch` on the Simulation Engine: the run config is checked first,
+    As :func:`deploy.launcher.launch` on the Simulation Engine: the run config is checked first,
     each virtual node applies the launch ``policy`` (its ledger in ``out/ledgers``), the
     ServerApp writes ``out/summary.json`` and ``out/checkpoint.npz``, the devices' ledgers are
     read back into the summary, and the run's log is ``out/logs/flwr-run.log``.
 
     Raises
     ------
-    server.launcher.LaunchError
+    deploy.launcher.LaunchError
         For an invalid run config, or a run that ends without a summary or with no round.
     """
-    # Imported here, as `server.launcher` is: Flower and the apps load only when a run does.
+    # Imported here, as `deploy.launcher` is: Flower and the apps load only when a run does.
     from client.app import app as client_app
+    from deploy.launcher import LaunchError
     from server.app import app as server_app
-    from server.launcher import LaunchError
     from settings import SettingError, federation_defaults
 
     out.mkdir(parents=True, exist_ok=True)

@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from server.processes import terminate_tree
+from client.process_tree import terminate_tree
 
 __all__ = ["AFTER", "ALONE", "run_jobs"]
 
@@ -81,7 +81,7 @@ def _start(argv: list[str]) -> subprocess.Popen[bytes]:
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop an experiment and every process it started: SIGTERM, then SIGKILL after `GRACE_S`.
 
-    :func:`server.processes.terminate_tree` collects the whole tree before it signals, so a
+    :func:`deploy.processes.terminate_tree` collects the whole tree before it signals, so a
     federation the experiment started in a session of its own is stopped with it.
     """
     terminate_tree([proc.pid], GRACE_S)

@@ -37,6 +37,7 @@ from flwr.server.client_proxy import ClientProxy
 from client.app import device_task
 from client.numpy_client import GpflClient
 from client.policy import DevicePolicy
+from deploy.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
 from experiments.bench_aggregate import NodeProxy
 from experiments.claims import flow
 from experiments.common import PAPERS_AGGREGATION, Context
@@ -45,7 +46,6 @@ from experiments.small_federations import Manager
 from experiments.tables import paired_difference, verdict, wilson
 from mechanisms import PrivacyLedger
 from server.app import build_components
-from server.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
 from settings import federation_defaults
 from strategies import ClusteredStrategy
 from strategies.clustering import nearest_hypothesis

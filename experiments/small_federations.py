@@ -98,7 +98,7 @@ def run_config(devices: int, seed: int, rounds: int, arm: Mapping[str, Any]) -> 
     """Return the run config of one federation: the papers' task, the quickstart's choices.
 
     Every arm averages each cluster plainly (`PAPERS_AGGREGATION`); from 10 devices the
-    quickstart also asks for robust clusters (``server.quickstart.ROBUST_CLUSTERS``), which
+    quickstart also asks for robust clusters (``deploy.quickstart.ROBUST_CLUSTERS``), which
     ``rogue-devices`` measures at 10 devices.
     """
     return {**federation_defaults(), "task": "synthetic", "optima": OPTIMA, "users": devices,
@@ -295,7 +295,7 @@ def section(rows: list[dict[str, str]]) -> list[str]:
 
 
 #: (devices, round, share): how often the final hypotheses of ``gpfl`` should be within 0.5;
-#: (20, 60) is also the quickstart's own rounds at 20 devices (server/quickstart.py).
+#: (20, 60) is also the quickstart's own rounds at 20 devices (deploy/quickstart.py).
 TARGETS = ((20, 60, 0.95), (8, 100, 0.90))
 
 

@@ -109,7 +109,7 @@ def device_nodes(files: dict[str, Any], seed: int) -> dict[int, dict[str, Any]]:
 
 def run_seed(seed: int, out: Path) -> tuple[float, float]:
     """One federation; return (held-out accuracy, majority-class rate)."""
-    from server.launcher import launch
+    from deploy.launcher import launch
 
     files = write_files(out / "data", seed)
     nodes = device_nodes(files, seed)

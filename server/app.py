@@ -92,7 +92,7 @@ class GpflServer(Server):
     Under the Deployment Engine each client proxy's grid is wrapped in a
     :class:`~server.polling.PollingGrid` before the round: replies are pulled every 0.1 s instead
     of Flower's 3 s, so a round waits for one poll (the SuperNode's: 0.5 s under ``gpfl
-    supernode``, :mod:`server.fleet_poll`), not two.
+    supernode``, :mod:`client.fleet_poll`), not two.
     """
 
     _polling: PollingGrid | None = None

@@ -5,7 +5,7 @@ Flower's legacy round sends each sampled device its instruction through its clie
 gRPC/HTTP grid (``flwr.superlink.grid.http_grid``) pushes the message, then pulls its reply and
 sleeps 3 s between pulls: a reply waits up to 3 s on the SuperLink before the ServerApp sees it,
 on top of the SuperNode's own wait between polls for work (3 s in Flower; 0.5 s for a device run
-by ``gpfl supernode``, :mod:`server.fleet_poll`). :class:`PollingGrid` does the same with
+by ``gpfl supernode``, :mod:`client.fleet_poll`). :class:`PollingGrid` does the same with
 Flower's public Grid API (``push_messages``, ``pull_messages``) and one poller thread that pulls
 every instruction in flight at once, every :data:`POLL_INTERVAL` seconds, so a round waits at
 most one SuperNode poll plus 0.1 s, and the SuperLink gets one pull request per interval however

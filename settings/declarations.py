@@ -220,7 +220,7 @@ _DECLARATIONS: tuple[Setting, ...] = (
     # -- robust aggregation ----------------------------------------------------------------------
     # What a cluster becomes when some of its members may lie (strategies.robust). The app's
     # default is the papers' plain mean (their Algorithm 1, like every other app default);
-    # `gpfl launch` asks for clipped-mean with the persistence test (server/quickstart.py),
+    # `gpfl launch` asks for clipped-mean with the persistence test (deploy/quickstart.py),
     # which held against adaptive rogues where the mean lost every run (docs/RESULTS.md,
     # "rogue-devices"), and which costs accuracy at a few devices a round with re-seeding
     # ("digits-server-update").

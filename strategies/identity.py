@@ -27,7 +27,7 @@ What Flower 1.39 gives, and why the node id is the key
     a second registration at all: the SuperLink refuses its activation while its old
     registration is still within the heartbeat window (``LinkState.activate_node`` activates only
     a node that is registered or offline), and accepts it, under the same node id, once the
-    window has passed (``gpfl supernode`` keeps trying that long; :mod:`server.supernode`).
+    window has passed (``gpfl supernode`` keeps trying that long; :mod:`client.supernode`).
 
 The rule, under ``node-identity = "key"``
     A name belongs to the first node id that speaks as it, for the whole run (checkpoints

@@ -42,8 +42,8 @@ def no_leftover_processes() -> Iterator[None]:
 
 def flower_processes() -> list[str]:
     """Flower processes on this machine that are descendants of this test process."""
-    names = ("flower-superlink", "flower-supernode", "server.fleet_poll", "flower-superexec",
-             "flwr-serverapp", "flwr-clientapp", "server.serverapp_runner")
+    names = ("flower-superlink", "flower-supernode", "client.fleet_poll", "flower-superexec",
+             "flwr-serverapp", "flwr-clientapp", "deploy.serverapp_runner")
     out = []
     for p in psutil.Process().children(recursive=True):
         try:

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from client import supernode
+from client.process_tree import bin_dir
+from deploy.cli import build_parser as gpfl_parser
+from deploy.cli import parse_node_configs, parse_pairs
 from experiments.cli import EXPERIMENTS
 from experiments.cli import build_parser as experiments_parser
-from server import supernode
-from server.cli import build_parser as gpfl_parser
-from server.cli import parse_node_configs, parse_pairs
-from server.processes import bin_dir
 from server.settings import RunSettings
 from settings import SettingError, check_node_config, check_run_config
 
@@ -212,10 +212,3 @@ def test_the_wire_table_names_the_declines_the_client_sends() -> None:
             and call.func.attr == "_decline" and len(call.args) > 1
             and isinstance(call.args[1], ast.Constant)}
     assert sent and documented == sent
-
-
-def test_the_readme_stays_a_quick_read() -> None:
-    # The README is the product card: what gpfl is, the two commands, one example each, the
-    # guarantees; the rest lives in docs/. 10 KiB keeps it that.
-    size = (ROOT / "README.md").stat().st_size
-    assert size <= 10 * 1024, f"README.md is {size} bytes; move detail to docs/ (limit 10240)"

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import server.launcher
+import deploy.launcher
 from experiments import accuracy_vs_nu, cli, personalized_budgets, scale, synthetic_ablation
 from experiments.common import Context, FederationSpec, compact_summary
 from experiments.personalized_budgets import NONIID_BUDGETS
@@ -47,9 +47,9 @@ class _FakeLaunch:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
 
-    def __call__(self, **kwargs: Any) -> server.launcher.LaunchResult:
+    def __call__(self, **kwargs: Any) -> deploy.launcher.LaunchResult:
         self.calls.append(kwargs)
-        return server.launcher.LaunchResult(kwargs["out_dir"], _summary(), None, 0)
+        return deploy.launcher.LaunchResult(kwargs["out_dir"], _summary(), None, 0)
 
 
 def test_spec_key_depends_on_config_and_supernodes_only() -> None:
@@ -82,7 +82,7 @@ def test_an_in_process_result_is_kept_with_its_time_and_counted_when_read_back(
 def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeLaunch()
-    monkeypatch.setattr(server.launcher, "launch", fake)
+    monkeypatch.setattr(deploy.launcher, "launch", fake)
     ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", engine="simulation")
     spec = FederationSpec("one", {"task": "synthetic", "seed": 0}, 5)
     first = ctx.run(spec)
@@ -110,7 +110,7 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
 def test_a_run_without_done_marker_is_run_again(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeLaunch()
-    monkeypatch.setattr(server.launcher, "launch", fake)
+    monkeypatch.setattr(deploy.launcher, "launch", fake)
     ctx = Context(name="t", out=tmp_path / "out", cache=tmp_path / "cache", engine="simulation")
     spec = FederationSpec("one", {"seed": 1}, 2)
     directory = ctx.run_dir(spec)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.launcher import LaunchError
 from experiments.direct_engine import launch_direct
-from server.launcher import LaunchError
 
 
 @pytest.mark.parametrize(("run_config", "policy", "named"), [

@@ -49,7 +49,7 @@ def test_the_criterion_reads_overlapping_wilson_intervals() -> None:
 
     text = "\n".join(section(rows))
 
-    # The robust arm is what `gpfl launch` runs (server.quickstart.ROBUST_CLUSTERS).
+    # The robust arm is what `gpfl launch` runs (deploy.quickstart.ROBUST_CLUSTERS).
     assert "- robust (`gpfl launch`'s), 1 rogue(s): 8/10 against 10/10 without: met" in text
     assert "- robust (`gpfl launch`'s), 2 rogue(s): 2/10 against 10/10 without: **not met**" \
         in text

@@ -1,4 +1,4 @@
-"""The SuperNode's shorter waits and its wake-up of the executor (server.fleet_poll); the executor
+"""The SuperNode's shorter waits and its wake-up of the executor (client.fleet_poll); the executor
 waits for its SuperNode (client.executor)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from client import fleet_poll, supernode
 from client.executor import idle_wait, wait_until_listening
-from server import fleet_poll, supernode
 
 
 def test_the_clock_caps_every_sleep_and_is_time_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -127,7 +127,7 @@ def test_the_runner_starts_flowers_supernode_through_the_patch(capsys: pytest.Ca
     p = argparse.ArgumentParser()
     supernode.add_arguments(p)
     argv = supernode.supernode_argv(p.parse_args(["--fleet-poll-interval", "1.5", "--insecure"]))
-    assert argv[3:6] == ["server.fleet_poll", "--fleet-poll-interval", "1.5"]
+    assert argv[3:6] == ["client.fleet_poll", "--fleet-poll-interval", "1.5"]
     assert fleet_poll.NOTIFY_FLAG not in argv
     # With the executor's pipe: its write end for the SuperNode, its read end for the executor.
     argv = supernode.supernode_argv(p.parse_args(["--insecure"]), notify_fd=7)

@@ -1,6 +1,6 @@
 """Real Flower processes on localhost: a SuperLink and SuperNodes talking gRPC.
 
-These tests run `server.launcher.launch` — the code behind `gpfl launch` — and check
+These tests run `deploy.launcher.launch` — the code behind `gpfl launch` — and check
 the results, the privacy accounting and that nothing is left running.
 """
 
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from deploy.launcher import Federation, launch
 from mechanisms import PrivacyLedger
-from server.launcher import Federation, launch
 from tests.conftest import flower_processes
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,7 @@ def test_capped_supernode_declines_and_a_restart_keeps_its_spend(
 def test_a_bad_setting_fails_the_launch_before_any_process_starts(
     tmp_path: Path, no_leftover_processes: None, kwargs: dict[str, Any], message: str
 ) -> None:
-    from server.launcher import LaunchError
+    from deploy.launcher import LaunchError
 
     with pytest.raises(LaunchError, match=message):
         launch(supernodes=2, out_dir=tmp_path / "run", echo=lambda _: None, timeout=120,

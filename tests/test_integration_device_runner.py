@@ -26,12 +26,13 @@ import numpy as np
 import psutil
 import pytest
 
-from server.fab import stage_app
-from server.federation import CONNECTION
-from server.launcher import Federation, free_port, project_root, stream_lines
-from server.processes import SERVERAPP, bin_dir, child_env
+from client.process_tree import bin_dir, child_env
+from deploy.fab import stage_app
+from deploy.federation import CONNECTION
+from deploy.launcher import Federation, free_port, project_root, stream_lines
+from deploy.processes import SERVERAPP
+from deploy.superlink_state import STARTED
 from server.results import END_LINE, ROUND_TAG
-from server.superlink_state import STARTED
 from settings.pairs import format_pairs
 from tests.conftest import close_federation, descendants, flower_processes, ledger_spend
 
@@ -140,7 +141,7 @@ def test_a_run_over_the_device_runner(federation: Federation) -> None:
         commands = sorted(" ".join(p.cmdline()) for p in tree)
         assert len(commands) == 2, commands
         assert any("client.executor" in c for c in commands)
-        assert any("server.fleet_poll" in c and "--isolation process" in c for c in commands)
+        assert any("client.fleet_poll" in c and "--isolation process" in c for c in commands)
 
 
 TAMPER = '''

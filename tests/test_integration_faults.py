@@ -19,9 +19,9 @@ import numpy as np
 import psutil
 import pytest
 
+from deploy.launcher import SUPERLINK_DATABASE, Federation, describe, launch
+from deploy.rundir import ResumeError, resume_arguments
 from mechanisms import PrivacyLedger
-from server.launcher import SUPERLINK_DATABASE, Federation, describe, launch
-from server.rundir import ResumeError, resume_arguments
 from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration
@@ -300,7 +300,7 @@ def test_a_run_whose_superlink_is_killed_is_reported_incomplete_and_resumes(
 def test_a_dead_serverapp_ends_the_launch_at_once_with_its_reason(
     tmp_path: Path, no_leftover_processes: None
 ) -> None:
-    # Prepare: the ServerApp process alone (the launcher's server.serverapp_runner) is
+    # Prepare: the ServerApp process alone (the launcher's deploy.serverapp_runner) is
     # SIGKILLed once round 1 is recorded; the SuperLink and the SuperNodes live on.
     import time
 
@@ -318,7 +318,7 @@ def test_a_dead_serverapp_ends_the_launch_at_once_with_its_reason(
     def kill_serverapp(line: str, fed: Federation) -> None:
         if "[gpfl] round 1/" in line and not killed:
             apps = [p for p in psutil.Process().children(recursive=True)
-                    if "server.serverapp_runner" in command(p)
+                    if "deploy.serverapp_runner" in command(p)
                     or any(Path(part).name == "flwr-serverapp" for part in command(p))]
             assert len(apps) == 1
             apps[0].kill()

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from deploy.certs import make_supernode_keys
+from deploy.launcher import Federation, launch
 from mechanisms import PrivacyLedger
-from server.certs import make_supernode_keys
-from server.launcher import Federation, launch
 from tests.conftest import flower_processes
 from tests.test_integration_faults import signal_tree
 

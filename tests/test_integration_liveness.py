@@ -2,7 +2,7 @@
 
 Flower 1.39's SuperLink gives a claimed ServerApp task 30 s to send its first heartbeat and 60 s
 between two, then refuses its token. ``gpfl launch`` starts the run's ServerApp itself, warm
-before it claims the run (:mod:`server.serverapp_runner`). These tests hold the ServerApp
+before it claims the run (:mod:`deploy.serverapp_runner`). These tests hold the ServerApp
 process with SIGSTOP (alive to the OS, silent to the SuperLink, as on a host too loaded to
 schedule it) and check what the launch does: held as it appears, it completes, later; held after
 its claim past the window, the launch ends within a bound with one line naming the refusal;
@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.launcher import LaunchError, describe, launch
-from server.processes import CLAIMED_MARK
+from deploy.launcher import LaunchError, describe, launch
+from deploy.processes import CLAIMED_MARK
 from tests.conftest import flower_processes
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def _is_serverapp(proc: psutil.Process) -> bool:
         cmd = proc.cmdline()
     except psutil.Error:
         return False
-    return "server.serverapp_runner" in cmd or any(
+    return "deploy.serverapp_runner" in cmd or any(
         Path(part).name == "flwr-serverapp" for part in cmd[:2])
 
 

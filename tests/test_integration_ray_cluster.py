@@ -23,8 +23,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.launcher import free_port, launch
-from server.processes import become_subreaper, bin_dir, terminate_tree
+from client.process_tree import bin_dir, terminate_tree
+from deploy.launcher import free_port, launch
+from deploy.processes import become_subreaper
 from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from deploy.launcher import launch
 from experiments.tabular_seeds import RUN, device_nodes, write_files
 from mechanisms import PrivacyLedger, RecordLevelEvent
 from mechanisms.record_accounting import record_epsilon
-from server.launcher import launch
 from tests.conftest import flower_processes
 
 pytestmark = pytest.mark.integration

@@ -23,9 +23,9 @@ import numpy as np
 import psutil
 import pytest
 
+from deploy.launcher import Federation, describe, launch
+from deploy.rundir import ResumeError, resume_arguments
 from mechanisms import PrivacyLedger
-from server.launcher import Federation, describe, launch
-from server.rundir import ResumeError, resume_arguments
 from tests.conftest import flower_processes
 from tests.test_integration_faults import ROGUE_CLIENT, rogue_app, signal_tree
 
@@ -103,7 +103,7 @@ def _alive(pid: int, started: float) -> bool:
 def test_kill_9_of_the_launcher_leaves_no_process(tmp_path: Path) -> None:
     # Prepare: `gpfl launch` (2 SuperNodes, 30 rounds) in its own session, running round 2.
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "launch", "--supernodes", "2", "--out",
+        [sys.executable, "-m", "deploy.cli", "launch", "--supernodes", "2", "--out",
          str(tmp_path / "run"), "--run-config", "num-rounds=30 clients-per-round=2 patience=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         cwd=Path(__file__).resolve().parent.parent)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from deploy.launcher import describe, launch
 from server import results
-from server.launcher import describe, launch
 from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration

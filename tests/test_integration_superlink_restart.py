@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from server.launcher import SUPERLINK_DATABASE, Federation, describe, launch
+from deploy.launcher import SUPERLINK_DATABASE, Federation, describe, launch
 from tests.conftest import flower_processes, ledger_spend
 
 pytestmark = pytest.mark.integration

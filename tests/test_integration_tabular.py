@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from deploy.launcher import Federation, project_root, stream_lines
 from experiments.tabular_seeds import POLICY, RUN, device_nodes, held_out_accuracy, write_files
-from server.launcher import Federation, project_root, stream_lines
 from tests.conftest import close_federation, descendants, ledger_spend, write_task_plugin
 
 pytestmark = pytest.mark.integration
@@ -150,7 +150,7 @@ def test_a_task_the_device_has_not_installed_is_declined(
 
 def test_one_file_split_among_virtual_devices_on_the_simulation_engine(tmp_path: Path) -> None:
     # Prepare: the 4 device files as one, which every virtual device reads (the launch policy).
-    from server.launcher import launch
+    from deploy.launcher import launch
 
     files = write_files(tmp_path / "data", SEED)
     shared = tmp_path / "data" / "all.csv"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from server.processes import bin_dir, child_env
+from client.process_tree import bin_dir, child_env
 from tests.conftest import flower_processes
 
 pytestmark = pytest.mark.integration

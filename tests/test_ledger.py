@@ -20,6 +20,7 @@ from typing import ClassVar
 
 import pytest
 
+from client.ledger_view import format_ledger
 from mechanisms import (
     BudgetExceededError,
     GaussianReleaseEvent,
@@ -36,7 +37,6 @@ from mechanisms import (
 )
 from mechanisms.calibration import composed_gaussian_epsilon_pld, composed_gaussian_epsilon_rdp
 from mechanisms.record_accounting import record_epsilon
-from server.ledger_view import format_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 DELTA = 1e-5

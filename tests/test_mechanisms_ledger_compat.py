@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from client.ledger_view import format_ledger
 from mechanisms import (
     GaussianReleaseEvent,
     MetricPrivacyEvent,
@@ -15,7 +16,6 @@ from mechanisms import (
     Spend,
 )
 from mechanisms.calibration import composed_gaussian_epsilon_pld
-from server.ledger_view import format_ledger
 from tests.test_ledger import (
     DELTA,
     lock_of,

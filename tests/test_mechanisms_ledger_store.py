@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from client.ledger_view import format_ledger
 from mechanisms import (
     BudgetExceededError,
     LedgerCorruptError,
@@ -19,7 +20,6 @@ from mechanisms import (
     PrivacyLedger,
 )
 from mechanisms.ledger_store import temporary_path_of
-from server.ledger_view import format_ledger
 from tests.test_ledger import (
     DELTA,
     kill_after_one_line,

@@ -11,8 +11,8 @@ import click
 import pytest
 from flwr.common.config import parse_config_args
 
-from server import supernode
-from server.cli import parse_node_configs, parse_pairs
+from client import supernode
+from deploy.cli import parse_node_configs, parse_pairs
 from settings.pairs import PairsError, format_pairs, read_settings
 
 FLOWER_VALID = [

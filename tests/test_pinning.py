@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from client import fleet_poll, supernode
 from client.pinning import PUBLISHER, AppPin, check_run, installed_app, parse_fab_hashes
-from server import fleet_poll, supernode
 from settings import SettingError, check_node_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -89,7 +89,7 @@ def test_flower_flags_are_passed_through_in_process_isolation() -> None:
         "--auth-supernode-private-key", "k", "--node-config", "partition-id=0", "--port", "9200",
         "--", "--max-retries", "3"))
     # Flower's own flower-supernode entry point, through the module that shortens its idle poll.
-    assert argv[:6] == [sys.executable, "-P", "-m", "server.fleet_poll", "--fleet-poll-interval",
+    assert argv[:6] == [sys.executable, "-P", "-m", "client.fleet_poll", "--fleet-poll-interval",
                         str(fleet_poll.DEFAULT_INTERVAL)]
     assert argv[6:8] == ["--isolation", "process"]
     for pair in (["--superlink", "link:9092"], ["--port", "9200"],
@@ -153,7 +153,7 @@ def test_gpfl_supernode_refuses_a_bad_node_config_before_starting_anything(
 ) -> None:
     import subprocess
 
-    from server.processes import bin_dir
+    from client.process_tree import bin_dir
 
     done = subprocess.run([str(bin_dir() / "gpfl"), "supernode", "--insecure", "--node-config",
                            'partition-id=0 mechanisms="laplace,bogus"'],
@@ -168,7 +168,7 @@ def test_a_bad_node_config_is_refused_before_flower_is_imported() -> None:
     import subprocess
 
     argv = ["supernode", "--insecure", "--node-config", 'mechanisms="bogus"']
-    probe = (f"import sys\nfrom server.cli import main\ncode = main({argv!r})\n"
+    probe = (f"import sys\nfrom deploy.cli import main\ncode = main({argv!r})\n"
              "print(code, 'flwr' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=60, check=False)

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from client.ledger_view import format_ledger
+from deploy.rundir import ledger_report
 from mechanisms import (
     GaussianReleaseEvent,
     MetricPrivacyEvent,
@@ -24,9 +26,7 @@ from mechanisms import (
     SignReleaseEvent,
 )
 from mechanisms.events import RELATIONS, PrivacyEvent, event_from_dict
-from server.ledger_view import format_ledger
 from server.results import privacy_report
-from server.rundir import ledger_report
 from strategies.replies import ReplyMetrics, parse_metrics
 from tests import test_client, test_client_record_level
 

@@ -16,8 +16,8 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.superlink.grid import InMemoryGrid
 
 import server.app as server_app
+from deploy.cli import parse_node_configs, parse_pairs
 from server.app import build_components
-from server.cli import parse_node_configs, parse_pairs
 from server.results import plot_summary, privacy_report
 from server.settings import RunSettings, SettingError
 from settings.render import toml_value
@@ -155,7 +155,7 @@ def test_cli_pairs_read_toml_values_as_flower_does() -> None:
 
 
 def test_toml_values_the_launcher_writes_read_back_in_flower() -> None:
-    # server/launcher.py passes run configs to `flwr run --run-config` as key=toml_value pairs.
+    # deploy/launcher.py passes run configs to `flwr run --run-config` as key=toml_value pairs.
     config = {"num-rounds": 3, "noise-multiplier": 2.5, "per-layer": False, "seed": -1,
               "task": "digits", "optima": "5,6;4,-4.5", "out-dir": "runs/é 1", "eps": 1e-300,
               "where": Path("/var/lib/gpfl")}

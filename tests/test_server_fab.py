@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from server.fab import stage_app
-from server.federation import project_root
+from deploy.fab import stage_app
+from deploy.federation import project_root
 
 # Flower's FAB build asks pathspec for its deprecated "gitwildmatch" patterns.
 pytestmark = pytest.mark.filterwarnings("ignore:GitWildMatchPattern:DeprecationWarning")

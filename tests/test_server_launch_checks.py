@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from server.launcher import LaunchError, launch
+from deploy.launcher import LaunchError, launch
 from tests.conftest import flower_processes
 
 
@@ -37,8 +37,8 @@ def test_an_unwritable_ledger_dir_is_refused_at_start(tmp_path: Path) -> None:
 
 
 def test_a_truncated_checkpoint_is_refused_before_the_federation_starts(tmp_path: Path) -> None:
+    from deploy.rundir import LAUNCH_FILE, ResumeError, resume_arguments
     from server.checkpoint import CHECKPOINT_NAME
-    from server.rundir import LAUNCH_FILE, ResumeError, resume_arguments
 
     run = tmp_path / "run"
     run.mkdir()
@@ -61,7 +61,7 @@ def test_a_superlink_database_on_the_simulation_engine_is_refused_at_start(
 def test_the_superlink_keeps_its_state_in_a_database_only_when_asked() -> None:
     # Flower's SQLite state doubles a round of 20 SuperNodes on 2 cores: opt-in, and a
     # federation option that --resume takes from the run directory (not given again).
-    from server.cli import _FEDERATION_OPTIONS, _launch_arguments, build_parser
+    from deploy.cli import _FEDERATION_OPTIONS, _launch_arguments, build_parser
 
     parser = build_parser()
     assert _launch_arguments(parser.parse_args(["launch"]))["superlink_database"] is False

@@ -20,11 +20,12 @@ from client.numpy_client import ReleaseFailedError
 from client.policy import DevicePolicy
 from client.record_release import plan_record_release
 from client.settings import ClientSettings
+from deploy import cli, processes, serverapp_runner, superlink_state
+from deploy.budget import budget_lines, plan_budgets
+from deploy.processes import Liveness, ProcessSet, ProcessWatch
 from mechanisms import BudgetExceededError, NeighbourhoodEvent, PrivacyLedger
 from mechanisms.record_accounting import record_epsilon
-from server import cli, processes, results, serverapp_runner, superlink_state
-from server.budget import budget_lines, plan_budgets
-from server.processes import Liveness, ProcessSet, ProcessWatch
+from server import results
 from server.results import device_health, health_status
 from strategies.intake import _FAILURE_TAG
 
@@ -232,7 +233,7 @@ def test_a_refused_serverapp_ends_the_run_at_once_with_its_line(tmp_path: Path) 
 
 
 def test_gpfl_certs_tells_device_owners_to_run_gpfl_supernode(tmp_path: Path) -> None:
-    from server.certs import describe_deployment, make_deployment
+    from deploy.certs import describe_deployment, make_deployment
 
     text = describe_deployment(make_deployment(tmp_path, ["fl.example.org"], 2, days=1,
                                                local=True))
@@ -281,7 +282,7 @@ def test_a_bad_policy_file_in_a_node_config_fails_the_launch_naming_the_key(
 
 
 def test_the_command_line_start_up_deadline_is_the_launchers() -> None:
-    from server.launcher import STARTUP_TIMEOUT_S
+    from deploy.launcher import STARTUP_TIMEOUT_S
 
     args = cli.build_parser().parse_args(["launch"])
     assert args.startup_timeout == STARTUP_TIMEOUT_S

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from server import federation
-from server.federation import free_port
+from deploy import federation
+from deploy.federation import free_port
 
 
 def test_ports_are_free_distinct_and_below_the_ephemeral_range() -> None:

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from deploy import cli
+from deploy.launcher import LaunchResult, describe
+from deploy.processes import ProcessSet, ProcessWatch
+from deploy.rundir import ResumeError, add_ledgers, ledger_report, resume_arguments, save_launch
 from mechanisms import MetricPrivacyEvent, PrivacyLedger
-from server import cli, results
+from server import results
 from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
-from server.launcher import LaunchResult, describe
-from server.processes import ProcessSet, ProcessWatch
-from server.rundir import ResumeError, add_ledgers, ledger_report, resume_arguments, save_launch
 
 
 def saved_run(tmp_path: Path, status: str = "incomplete") -> Path:
@@ -180,7 +181,7 @@ def test_the_closing_line_counts_rounds_that_kept_the_hypotheses() -> None:
 def test_the_exit_status_says_whether_the_run_finished(
     monkeypatch: pytest.MonkeyPatch, status: str, code: int
 ) -> None:
-    monkeypatch.setattr("server.launcher.launch", lambda **_: result(status))
+    monkeypatch.setattr("deploy.launcher.launch", lambda **_: result(status))
     assert cli.main(["launch", "--supernodes", "2"]) == code
 
 
@@ -189,7 +190,7 @@ def test_resume_takes_the_federation_from_the_run_directory(
 ) -> None:
     run = saved_run(tmp_path)
     seen: dict[str, Any] = {}
-    monkeypatch.setattr("server.launcher.launch",
+    monkeypatch.setattr("deploy.launcher.launch",
                         lambda **kwargs: seen.update(kwargs) or result("complete"))
     assert cli.main(["launch", "--resume", str(run), "--run-config", "round-timeout=30"]) == 0
     assert seen["supernodes"] == 3 and seen["out_dir"] == run.resolve()
@@ -204,10 +205,10 @@ def test_resume_takes_the_federation_from_the_run_directory(
 def test_a_bare_launch_asks_for_the_quickstart_and_the_command_line_wins(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from server.quickstart import QUICKSTART_RUN_CONFIG, QUICKSTART_SUPERNODES, ROBUST_CLUSTERS
+    from deploy.quickstart import QUICKSTART_RUN_CONFIG, QUICKSTART_SUPERNODES, ROBUST_CLUSTERS
 
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr("server.launcher.launch",
+    monkeypatch.setattr("deploy.launcher.launch",
                         lambda **kwargs: seen.append(kwargs) or result("complete"))
     assert cli.main(["launch"]) == 0
     assert seen[-1]["supernodes"] == QUICKSTART_SUPERNODES

@@ -22,9 +22,9 @@ from flwr.supercore.object_store import ObjectStoreFactory
 from flwr.supercore.run import Run
 from flwr.superlink.federation import NoOpFederationManager
 
-from server import simulation_scale
-from server.launcher import project_root
-from server.simulation_scale import LazyNodeStores, add_messages_to_queue, take_undelivered
+from deploy import simulation_scale
+from deploy.launcher import project_root
+from deploy.simulation_scale import LazyNodeStores, add_messages_to_queue, take_undelivered
 
 
 def state_with(messages: list[tuple[str, int]]) -> Any:

@@ -14,7 +14,7 @@ import pytest
 from flwr.common import Parameters
 from flwr.common.constant import HEARTBEAT_DEFAULT_INTERVAL, HEARTBEAT_PATIENCE
 
-from server.supernode import HEARTBEAT_WINDOW_S
+from client.supernode import HEARTBEAT_WINDOW_S
 from settings import SETTINGS
 from strategies import ClusteredStrategy
 from strategies.device_keys import DeviceKeys
@@ -189,7 +189,7 @@ def test_the_runners_heartbeat_window_is_flowers() -> None:
 # ----------------------------------------------------------------- the device runner
 
 class _Clock:
-    """``time`` for server.supernode: sleeping moves the clock, nothing waits."""
+    """``time`` for client.supernode: sleeping moves the clock, nothing waits."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -220,7 +220,7 @@ def run_runner(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, keyed: bool,
     """
     import argparse
 
-    from server import supernode
+    from client import supernode
 
     clock, starts = _Clock(), []
 

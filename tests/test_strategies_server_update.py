@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
-from server.quickstart import QUICKSTART_RUN_CONFIG, quickstart_run_config
+from deploy.quickstart import QUICKSTART_RUN_CONFIG, quickstart_run_config
 from server.settings import RunSettings
 from settings import SettingError, federation_defaults
 from strategies.records import RoundRecord

@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from server.certs import make_local_tls, make_supernode_keys
-from server.launcher import Federation, stream_lines
+from deploy.certs import make_local_tls, make_supernode_keys
+from deploy.launcher import Federation, stream_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

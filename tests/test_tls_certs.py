@@ -1,4 +1,4 @@
-"""Certificates and SuperNode keys (server/certs.py, ``gpfl certs``): no processes."""
+"""Certificates and SuperNode keys (deploy/certs.py, ``gpfl certs``): no processes."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.verification import PolicyBuilder, Store
 
-from server.certs import make_deployment, make_local_tls, make_supernode_keys
-from server.cli import main
+from deploy.certs import make_deployment, make_local_tls, make_supernode_keys
+from deploy.cli import main
 
 
 def _sans(cert: x509.Certificate) -> set[str]:

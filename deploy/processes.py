@@ -8,7 +8,7 @@ marks itself a *child subreaper* (Linux): orphans of anything it started are
 re-parented to it, and every process it is responsible for stays among its
 descendants until it is reaped. Processes are only ever ended by PID (never by
 name patterns), and only descendants of this process. A launcher killed outright
-(SIGKILL) runs none of this: the watchdog (:mod:`server.watchdog`) stops its
+(SIGKILL) runs none of this: the watchdog (:mod:`deploy.watchdog`) stops its
 descendants then.
 """
 
@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -29,7 +27,8 @@ from typing import IO, Any
 
 import psutil
 
-from server.watchdog import Watchdog
+from client.process_tree import child_env, terminate_tree
+from deploy.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -47,23 +46,6 @@ def become_subreaper() -> bool:
         return int(libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)) == 0
     except (OSError, AttributeError):  # pragma: no cover - non-glibc systems
         return False
-
-
-def bin_dir() -> Path:
-    """Return the folder of this interpreter's console scripts (Flower's commands)."""
-    return Path(sys.executable).parent
-
-
-def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Environment for Flower processes: our ``bin`` first on PATH.
-
-    The SuperLink and SuperNodes start ``flower-superexec`` by name.
-    """
-    env = dict(os.environ)
-    env["PATH"] = f"{bin_dir()}{os.pathsep}{env.get('PATH', '')}"
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    env.update(extra or {})
-    return env
 
 
 class ProcessSet:
@@ -140,13 +122,13 @@ def descendant_running(command: str) -> bool:
     return False
 
 
-#: Name of the launcher's own ServerApp process (:mod:`server.serverapp_runner`) in a ProcessSet.
+#: Name of the launcher's own ServerApp process (:mod:`deploy.serverapp_runner`) in a ProcessSet.
 SERVERAPP = "serverapp"
-#: Exit status of a ServerApp whose task token the SuperLink refused (server.serverapp_runner's).
+#: Exit status of a ServerApp whose task token the SuperLink refused (deploy.serverapp_runner's).
 EXIT_REFUSED = 75
-#: How a refused ServerApp's log line starts (server.serverapp_runner's ``REFUSED_MARK``).
+#: How a refused ServerApp's log line starts (deploy.serverapp_runner's ``REFUSED_MARK``).
 REFUSED_MARK = "gpfl-serverapp: the SuperLink refused this ServerApp"
-#: The line of the ServerApp's log once it holds its run (server.serverapp_runner).
+#: The line of the ServerApp's log once it holds its run (deploy.serverapp_runner).
 CLAIMED_MARK = "claimed the task of run"
 
 
@@ -177,7 +159,7 @@ class Liveness:
     stall_s : float
         Seconds from that line, or from the last round's line, to the next round's line.
     log : Path or None
-        The ServerApp's log (:mod:`server.serverapp_runner`), read to say how far it got.
+        The ServerApp's log (:mod:`deploy.serverapp_runner`), read to say how far it got.
     """
 
     startup_s: float
@@ -436,54 +418,3 @@ def _reap(proc: subprocess.Popen[Any]) -> None:
     for stream in (proc.stdout, proc.stderr, proc.stdin):
         if stream is not None:
             stream.close()
-
-
-def _tree(pids: Sequence[int]) -> list[psutil.Process]:
-    seen: dict[int, psutil.Process] = {}
-    roots: list[psutil.Process] = []
-    for pid in pids:
-        try:
-            roots.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    for root in roots:
-        seen.setdefault(root.pid, root)
-        try:
-            for child in root.children(recursive=True):
-                seen.setdefault(child.pid, child)
-        except psutil.NoSuchProcess:
-            continue
-    return list(seen.values())
-
-
-def _signal_and_wait(
-    procs: Sequence[psutil.Process], signum: int, timeout: float
-) -> tuple[list[psutil.Process], list[psutil.Process]]:
-    """Send ``signum`` to each process (gone ones skipped); wait; return (gone, alive)."""
-    for p in procs:
-        try:
-            p.send_signal(signum)
-        except psutil.NoSuchProcess:
-            pass
-    return psutil.wait_procs(procs, timeout=timeout)
-
-
-def terminate_tree(pids: Sequence[int], timeout: float = 5.0) -> list[int]:
-    """SIGTERM the processes and all their descendants, then SIGKILL stragglers.
-
-    The whole tree is collected *before* anything is signalled, since a child
-    whose parent dies is re-parented and could no longer be found from it.
-    Returns the PIDs that still existed after SIGKILL (normally none).
-    """
-    procs = _tree(pids)
-    if not procs:
-        return []
-    _, alive = _signal_and_wait(procs, signal.SIGTERM, timeout)
-    # Descendants that appeared while terminating (a SuperNode restarting a
-    # ClientApp) are caught by a second sweep below.
-    _, alive = _signal_and_wait(alive, signal.SIGKILL, timeout)
-    _, still = _signal_and_wait(_tree(pids), signal.SIGKILL, timeout)
-    left = [p.pid for p in [*alive, *still] if p.is_running()]
-    if left:
-        logger.error("processes still running after SIGKILL: %s", left)
-    return left

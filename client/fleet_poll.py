@@ -7,7 +7,7 @@ since a device asks again exactly 3 s after its last reply, nearly the whole per
 round: most of a round of a few devices (2 devices: 3.9 s a round at 3 s, 1.7 s at 0.5 s). At
 20 devices on 2 cores the SuperLink's own work sets the pace instead (docs/BENCHMARKS.md).
 
-``python -m server.fleet_poll --fleet-poll-interval S [--task-notify-fd FD] [flower-supernode
+``python -m client.fleet_poll --fleet-poll-interval S [--task-notify-fd FD] [flower-supernode
 options]`` runs Flower's own ``flower-supernode`` entry point unchanged, except for two things:
 
 * **Its sleeps.** The idle poll of the SuperLink (Flower's 3 s) lasts at most ``S`` seconds; the
@@ -17,7 +17,7 @@ options]`` runs Flower's own ``flower-supernode`` entry point unchanged, except 
   Only the module's ``time`` name is replaced.
 * **A wake-up for the executor.** With ``--task-notify-fd``, each message the SuperNode has
   pulled and stored (its task ready for ``AcquireTask``) writes one byte to that file
-  descriptor, a pipe whose other end the device's executor waits on (:mod:`server.supernode`
+  descriptor, a pipe whose other end the device's executor waits on (:mod:`client.supernode`
   makes it): the executor asks for the task at once instead of at its next idle poll (1 s).
   The write never blocks (a full pipe already says "look").
 

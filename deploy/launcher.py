@@ -21,10 +21,8 @@ from types import FrameType
 from typing import Any
 
 from client.policy import POLICY_ENV, PolicyError
-from mechanisms import make_rng
-from server.budget import DeviceBudget, budget_lines, plan_budgets, shapes_of
-from server.checkpoint import CHECKPOINT_NAME
-from server.federation import (
+from deploy.budget import DeviceBudget, budget_lines, plan_budgets, shapes_of
+from deploy.federation import (
     CONNECTION,
     Federation,
     LaunchError,
@@ -34,12 +32,10 @@ from server.federation import (
     stream_lines,
     wait_for_port,
 )
-from server.processes import STARTUP_TIMEOUT_S, Liveness, ProcessWatch, stall_seconds
-from server.raycluster import ray_cluster_env
-from server.results import END_LINE, ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
-from server.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
-from server.settings import RunSettings, check_launch
-from server.superlink_state import (
+from deploy.processes import STARTUP_TIMEOUT_S, Liveness, ProcessWatch, stall_seconds
+from deploy.raycluster import ray_cluster_env
+from deploy.rundir import FINISHED, POLICY_FILE, add_ledgers, save_launch, write_policy
+from deploy.superlink_state import (
     RESTART_WINDOW_S,
     STARTED,
     SUPERLINK_DATABASE,
@@ -47,6 +43,10 @@ from server.superlink_state import (
     late_restart_reason,
     superlink_restartable,
 )
+from mechanisms import make_rng
+from server.checkpoint import CHECKPOINT_NAME
+from server.results import END_LINE, ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
+from server.settings import RunSettings, check_launch
 from settings import SettingError
 from tasks import load_task
 
@@ -100,7 +100,7 @@ def _plan_budgets(settings: RunSettings, config: Mapping[str, Any],
     """Print what a release costs each device and how many its cap pays; refuse if none can.
 
     Each device's settings are resolved as the device resolves them, against the launch
-    policy file it will read (:mod:`server.budget`).
+    policy file it will read (:mod:`deploy.budget`).
     """
     task = load_task(settings.task_config())
     shapes = shapes_of(task.initial_hypotheses(1, make_rng(settings.seed))[0])
@@ -299,7 +299,7 @@ def launch(
     tls_files = None
     keys: list[Any] = []
     if tls or auth:
-        from server.certs import make_local_tls, make_supernode_keys
+        from deploy.certs import make_local_tls, make_supernode_keys
 
         tls_files = make_local_tls(out / "certs")
         if auth:

@@ -2,7 +2,7 @@
 
 A SuperLink run with ``--isolation process`` starts no ServerApp of its own (no
 ``flower-superexec``): this command serves it. For each run it starts one
-``python -m server.serverapp_runner`` process (:mod:`server.serverapp_runner`: Flower imported
+``python -m deploy.serverapp_runner`` process (:mod:`deploy.serverapp_runner`: Flower imported
 before the run is claimed, a heartbeat guard, one process a run, exit 75 with one line when the
 SuperLink refuses it), waits for it to end, says how it ended, and starts the next one. It is
 what the compose deployment's ``serverapp`` service runs, and what a hand deployment runs next to
@@ -22,8 +22,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from server.processes import EXIT_REFUSED
-from server.supernode import StopSignal, raise_stop_signal, start_child, stop_child
+from client.supernode import StopSignal, raise_stop_signal, start_child, stop_child
+from deploy.processes import EXIT_REFUSED
 
 __all__ = ["add_arguments", "run", "runner_argv"]
 
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def runner_argv(args: argparse.Namespace) -> list[str]:
     """Return the command line of one run's process."""
-    argv = [sys.executable, "-m", "server.serverapp_runner", "--runtime-api-address",
+    argv = [sys.executable, "-m", "deploy.serverapp_runner", "--runtime-api-address",
             args.superlink, "--task", "simulation" if args.simulation else "serverapp"]
     if args.root_certificates:
         argv += ["--root-certificates", args.root_certificates]

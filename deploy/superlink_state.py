@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from server.federation import Federation
-from server.processes import SERVERAPP, descendant_running
+from deploy.federation import Federation
+from deploy.processes import SERVERAPP, descendant_running
 
 __all__ = ["MAX_SUPERLINK_RESTARTS", "RESTART_WINDOW_S", "STARTED", "SUPERLINK_DATABASE",
            "fresh_database", "late_restart_reason", "superlink_restartable"]

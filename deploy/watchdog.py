@@ -1,7 +1,7 @@
 """The federation dies with its launcher, however the launcher dies.
 
 ``gpfl launch`` stops everything it started when it ends normally, on an error or on Ctrl-C
-(:class:`server.processes.ProcessSet`). A launcher killed with SIGKILL (``kill -9``, the OOM
+(:class:`deploy.processes.ProcessSet`). A launcher killed with SIGKILL (``kill -9``, the OOM
 killer, a cancelled CI job) runs no code at all: its SuperLink, SuperNodes, ``flwr run`` and the
 processes they started (SuperExec, ServerApp, ClientApps, in sessions of their own) would go on,
 and an orphaned ServerApp would even finish the run.
@@ -14,7 +14,7 @@ every process it was told of that is still the same process (same start time: a 
 since is left alone), and their descendants: SIGTERM, then SIGKILL after a grace period. After a
 normal stop there is nothing left for it to do.
 
-Run as ``python -m server.watchdog``; it needs no argument.
+Run as ``python -m deploy.watchdog``; it needs no argument.
 """
 
 from __future__ import annotations
@@ -92,13 +92,13 @@ class Watchdog:
     """The launcher's side: start the watchdog, and tell it of every descendant as it appears.
 
     Descendants are found by walking this process's children (the launcher is a child subreaper,
-    :func:`server.processes.become_subreaper`, so orphans stay among them), every
+    :func:`deploy.processes.become_subreaper`, so orphans stay among them), every
     :data:`SCAN_S` seconds, in a daemon thread.
     """
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.watchdog"], stdin=subprocess.PIPE, text=True,
+            [sys.executable, "-m", "deploy.watchdog"], stdin=subprocess.PIPE, text=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             # From the repository or an installed gpfl alike.
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),

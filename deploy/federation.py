@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from server.certs import TlsFiles
-from server.fab import stage_app
-from server.processes import SERVERAPP, ProcessSet, bin_dir, child_env
+from client.process_tree import bin_dir, child_env
+from deploy.certs import TlsFiles
+from deploy.fab import stage_app
+from deploy.processes import SERVERAPP, ProcessSet
 from settings.pairs import format_pairs
 
 logger = logging.getLogger(__name__)
@@ -255,7 +256,7 @@ class Federation:
         self.procs.start(f"supernode-{index}", argv, self.logs / f"supernode-{index}.log",
                          env=child_env({**self._env(), **self.node_env.get(index, {})}))
 
-    # --- SuperNode authentication (server/certs.py; deploy owner) ---------------
+    # --- SuperNode authentication (deploy/certs.py; deploy owner) ---------------
     def register_supernode(self, public_key: Path, timeout: float = 60) -> str:
         """Register a SuperNode's public key (``flwr supernode register``).
 
@@ -310,7 +311,7 @@ class Federation:
         ``logs/serverapp.log``.
         """
         self.procs.stop(SERVERAPP)
-        argv = [sys.executable, "-m", "server.serverapp_runner",
+        argv = [sys.executable, "-m", "deploy.serverapp_runner",
                 "--runtime-api-address", f"127.0.0.1:{self.control_port}",
                 "--task", "simulation" if self._superlink_args[1] else "serverapp"]
         if self.tls is not None:

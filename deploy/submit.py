@@ -8,7 +8,7 @@ one-shot ``submit`` service runs, and what anyone submitting to a SuperLink by h
 * the run config is checked first (:class:`server.settings.RunSettings`), naming the setting and
   the value, before anything is sent;
 * ``flwr run ... --stream`` is started and its lines are printed as they come, and read with the
-  launcher's own :class:`server.processes.ProgressClock`: the ServerApp's first ``[gpfl]`` line
+  launcher's own :class:`deploy.processes.ProgressClock`: the ServerApp's first ``[gpfl]`` line
   within ``--startup-timeout`` of the submission, then a round within 3 round deadlines and 2
   minutes of the last;
 * when a deadline passes, the run is stopped (``flwr stop``: the SuperLink ends it, and with it
@@ -31,15 +31,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from server.processes import (
-    STARTUP_TIMEOUT_S,
-    Liveness,
-    ProgressClock,
-    bin_dir,
-    child_env,
-    stall_seconds,
-    terminate_tree,
-)
+from client.process_tree import bin_dir, child_env, terminate_tree
+from deploy.processes import STARTUP_TIMEOUT_S, Liveness, ProgressClock, stall_seconds
 from settings.pairs import PairsError, read_settings
 
 __all__ = ["DEFAULT_STARTUP_S", "add_arguments", "run", "run_config_of"]
@@ -148,9 +141,9 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] | None = None,
 
     echo, out = echo or say, out or show
     # Here, not at the top: `gpfl --help` and the other commands do not pay for Flower's import.
+    from deploy.superlink_state import STARTED
     from server.results import END_LINE, EXIT_INCOMPLETE, ROUND_TAG, STATUSES, exit_status
     from server.settings import RunSettings
-    from server.superlink_state import STARTED
     from settings import SettingError
 
     flwr_args, startup = _pop_option(list(args.flwr_args), "--startup-timeout")
@@ -229,7 +222,7 @@ def run(args: argparse.Namespace, echo: Callable[[str], None] | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``python -m server.submit`` (``gpfl submit``)."""
+    """Entry point: ``python -m deploy.submit`` (``gpfl submit``)."""
     parser = argparse.ArgumentParser(prog="gpfl submit", description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

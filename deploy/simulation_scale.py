@@ -24,7 +24,7 @@ sampled or not; at 100,000 users and 1,000 a round they kept a round from finish
   nothing there.
 
 :func:`install` puts both into Flower's module, in the simulation process only
-(:mod:`server.serverapp_runner` with ``--task simulation``). It imports only Flower.
+(:mod:`deploy.serverapp_runner` with ``--task simulation``). It imports only Flower.
 """
 
 from __future__ import annotations

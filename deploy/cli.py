@@ -48,7 +48,7 @@ _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls
 
 
 def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    from server.rundir import resume_arguments
+    from deploy.rundir import resume_arguments
 
     run_config: dict[str, Any] = {}
     for text in args.run_config:
@@ -65,7 +65,7 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
     policy: dict[str, Any] = {}
     for text in args.policy:
         policy.update(parse_pairs(text, "--policy"))
-    from server.quickstart import QUICKSTART_SUPERNODES, quickstart_run_config
+    from deploy.quickstart import QUICKSTART_SUPERNODES, quickstart_run_config
 
     supernodes = QUICKSTART_SUPERNODES if args.supernodes is None else args.supernodes
     if not args.app_defaults:
@@ -86,9 +86,9 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from server.launcher import LaunchError, describe, launch
+    from deploy.launcher import LaunchError, describe, launch
+    from deploy.rundir import ResumeError
     from server.results import exit_status
-    from server.rundir import ResumeError
 
     try:
         result = launch(**_launch_arguments(args), timeout=args.timeout,
@@ -104,8 +104,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _ledger(args: argparse.Namespace) -> int:
+    from client.ledger_view import format_ledger
     from mechanisms import LedgerCorruptError
-    from server.ledger_view import format_ledger
 
     try:
         print(format_ledger(Path(args.path)))
@@ -128,7 +128,7 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    from server.certs import describe_deployment, make_deployment
+    from deploy.certs import describe_deployment, make_deployment
 
     out = Path(args.out)
     if (out / "ca.crt").exists() and not args.force:
@@ -147,19 +147,19 @@ def _certs(args: argparse.Namespace) -> int:
 
 
 def _supernode(args: argparse.Namespace) -> int:
-    from server.supernode import run
+    from client.supernode import run
 
     return run(args)
 
 
 def _serverapp(args: argparse.Namespace) -> int:
-    from server.serverapp_service import run
+    from deploy.serverapp_service import run
 
     return run(args)
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from server.submit import run
+    from deploy.submit import run
 
     return run(args)
 
@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "clients a round, one local epoch) instead of the quickstart's (every "
                         "SuperNode each round, 5 local epochs, the plateau server update, "
                         "clipped-mean clusters with the persistence test, 60 rounds (100 below "
-                        "16 SuperNodes); server/quickstart.py)")
+                        "16 SuperNodes); deploy/quickstart.py)")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
     p.add_argument("--tls", action="store_true",
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "ServerApp process that imports Flower before it claims the run (a slow "
                     "host costs time, not a refused ServerApp) and says so in one line when "
                     "the SuperLink refuses it; then the next run's.")
-    from server.serverapp_service import add_arguments as serverapp_arguments
+    from deploy.serverapp_service import add_arguments as serverapp_arguments
 
     serverapp_arguments(p)
     p.set_defaults(func=_serverapp)
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "round within 3 round deadlines and 2 minutes, is stopped (flwr stop) and "
                     "the last line says why; the exit status is gpfl launch's for the run's "
                     "status.")
-    from server.submit import add_arguments as submit_arguments
+    from deploy.submit import add_arguments as submit_arguments
 
     submit_arguments(p)
     p.set_defaults(func=_submit)
@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Flower's SuperNode (process isolation) served by gpfl's warm executor: "
                     "every task runs the gpfl client installed on this device, runs of other "
                     "apps are refused, and the app code the server sends is never imported.")
-    from server.supernode import add_arguments
+    from client.supernode import add_arguments
 
     add_arguments(p)
     p.set_defaults(func=_supernode)

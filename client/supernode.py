@@ -12,7 +12,7 @@ then starts two processes and watches them:
   the server sends is never imported.
 
 The runner joins the two with a pipe: the SuperNode writes a byte to it for every message it
-stores (:mod:`server.fleet_poll`), and the executor, waiting on it between its idle polls, asks
+stores (:mod:`client.fleet_poll`), and the executor, waiting on it between its idle polls, asks
 for the task at once. Without the byte (another Flower version) the idle poll still finds it.
 
 A crashed executor is restarted (with a growing pause). When the SuperNode exits, the runner stops
@@ -46,8 +46,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from server import fleet_poll
-from server.processes import child_env, terminate_tree
+from client.process_tree import child_env, terminate_tree
+from client import fleet_poll
 
 __all__ = ["StopSignal", "add_arguments", "executor_argv", "parse_node_config",
            "raise_stop_signal", "run", "start_child", "stop_child", "supernode_argv"]
@@ -154,11 +154,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def supernode_argv(args: argparse.Namespace, notify_fd: int | None = None) -> list[str]:
     """Return the ``flower-supernode`` command line of these options.
 
-    ``notify_fd``: the write end of the pipe that wakes the executor (:mod:`server.fleet_poll`).
+    ``notify_fd``: the write end of the pipe that wakes the executor (:mod:`client.fleet_poll`).
     """
-    # Flower's SuperNode, through the module that shortens its idle poll (server.fleet_poll).
+    # Flower's SuperNode, through the module that shortens its idle poll (client.fleet_poll).
     notify = [] if notify_fd is None else [fleet_poll.NOTIFY_FLAG, str(notify_fd)]
-    argv = [sys.executable, "-P", "-m", "server.fleet_poll", fleet_poll.FLAG,
+    argv = [sys.executable, "-P", "-m", "client.fleet_poll", fleet_poll.FLAG,
             str(args.fleet_poll_interval), *notify, "--isolation", "process",
             "--superlink", args.superlink, "--port", str(args.port),
             "--max-wait-time", f"{args.max_wait_time:g}"]

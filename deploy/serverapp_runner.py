@@ -31,10 +31,10 @@ ServerApp and the virtual SuperNodes in one process) and comes up the same way: 
 runtime (:func:`flwr.simulation.app.run_simulation_process`), with the same guarantees.
 
 There, the Simulation Engine's dispatcher and node contexts are gpfl's
-(:mod:`server.simulation_scale`): the same instructions to the same workers, the same contexts,
+(:mod:`deploy.simulation_scale`): the same instructions to the same workers, the same contexts,
 at a cost that grows with the round rather than with the virtual users.
 
-Run as ``python -m server.serverapp_runner --runtime-api-address 127.0.0.1:PORT [--task
+Run as ``python -m deploy.serverapp_runner --runtime-api-address 127.0.0.1:PORT [--task
 simulation]``. It imports no other gpfl module than that dispatcher (which imports only Flower),
 and drops it from ``sys.modules`` before the run: the FAB's ``server`` package must load from the
 FAB, not from this install.
@@ -209,8 +209,8 @@ def acquire(address: str, insecure: bool, certificates: bytes | None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: ``python -m server.serverapp_runner``."""
-    parser = argparse.ArgumentParser(prog="python -m server.serverapp_runner",
+    """Entry point: ``python -m deploy.serverapp_runner``."""
+    parser = argparse.ArgumentParser(prog="python -m deploy.serverapp_runner",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--runtime-api-address", required=True,
                         help="the SuperLink's Runtime API (HOST:PORT)")
@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     # The simulation runtime is imported here, before the claim, like the ServerApp's.
     flower_runtime = importlib.import_module(runtime.module)
     if args.task == "simulation":
-        importlib.import_module("server.simulation_scale").install()
+        importlib.import_module("deploy.simulation_scale").install()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

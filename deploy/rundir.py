@@ -41,7 +41,7 @@ class ResumeError(ValueError):
 
 
 def save_launch(out_dir: Path, arguments: Mapping[str, Any]) -> None:
-    """Write ``launch.json``: the keyword arguments of :func:`server.launcher.launch`.
+    """Write ``launch.json``: the keyword arguments of :func:`deploy.launcher.launch`.
 
     ``run_config`` is saved without its per-launch keys; ``node_configs`` and ``node_env`` are
     keyed by SuperNode index (strings in JSON).
