@@ -34,7 +34,6 @@ from mechanisms import (
     StochasticSign,
     cast_release,
     hypotheses_diameter,
-    l2_sensitivity,
 )
 from mechanisms.grid import check_grid_fits
 from mechanisms.invariant import verify_release
@@ -255,14 +254,14 @@ def plan_release(
         check.noise("d-epsilon", per_coordinate * math.sqrt(n), at_most=True)
         check.grid("d-epsilon", math.sqrt(n) / privacy.d_epsilon, n, max_abs)
         metrics = {k: float(v) for k, v in mechanism.public_metrics(reference, reference).items()}
-    elif privacy.mechanism in ("gaussian", "sign"):
-        z = float(getattr(mechanism, "noise_multiplier", 0.0))
-        check.finite("epsilon", z)
-        sensitivity = l2_sensitivity(privacy.clip_mode, privacy.clip, n)
-        sigma = z * (sensitivity + (spread if privacy.mechanism == "gaussian" else 0.0))
+    elif isinstance(mechanism, GaussianMechanism | StochasticSign):  # "gaussian" or "sign"
+        check.finite("epsilon", mechanism.noise_multiplier)
+        # The σ the release will draw its noise with, as the mechanism states it (whether the
+        # hypotheses' spread enters is the mechanism's to say).
+        sigma = mechanism.sigma(n, spread)
         check.noise("epsilon", sigma * math.sqrt(n), at_most=True)
         check.finite("clip", 1.0 / sigma)
-        if privacy.mechanism == "gaussian":
+        if isinstance(mechanism, GaussianMechanism):
             # The release is hypothesis + clip(δ) + noise: its values are public up to the clip.
             largest = max(float(np.abs(a).max()) for h in hypotheses for a in h if a.size)
             check.resolvable("clip", sigma, largest + privacy.clip)

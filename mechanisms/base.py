@@ -2,16 +2,37 @@
 
 A mechanism turns one client's model after local training (``updated``) into a
 release, given the hypothesis it started from (``reference``, public: the server
-sent it). The client calls, in this order::
+sent it). A device (:mod:`client.numpy_client`, with :mod:`client.release`) uses it in
+this order::
 
-    spread = hypotheses_diameter(hypotheses)           # public: the k hypotheses sent
-    event = mechanism.event(reference, updated)        # cheap, deterministic, no noise
-    ledger.charge(event, cap=...)                      # on disk before anything leaves
-    released = mechanism.sanitize(reference, updated, rng=device_rng(), spread=spread)
+    # plan_release: public values only, before any private data is read
+    mechanism = build_mechanism(privacy)                   # from the device's settings
+    spread = hypotheses_diameter(hypotheses)               # public: the k hypotheses sent
+    metrics = mechanism.public_metrics(hypotheses[0], hypotheses[0], spread=spread)
+    event = mechanism.event(hypotheses[0], hypotheses[0])  # from the shapes alone, no noise
+    ledger.charge(event, cap=...)                          # on disk before any data is read
+    # the private part: pick a hypothesis with the local loss, train from it
+    reference = hypotheses[choose_hypothesis(loss, hypotheses)]
+    updated, _ = usable_model(train(reference), reference, max_abs=...)
+    # make_release: the one path of every release
+    exact = mechanism.sanitize_exact(reference, updated, rng=rng, spread=spread)
+    released = cast_release(exact, updated)                # float32: what is sent
+    verify_release(mechanism, event, reference=reference, updated=updated,
+                   released=released, exact=exact, spread=spread)
 
-``sanitize`` is ``cast_release(sanitize_exact(...), updated)``: the release is made in
+``plan_release`` also declines a request whose noise scale would be out of range, and
+asks ``public_metrics`` only where the metrics do not depend on the data (not for the
+neighbourhood calibration, whose ``sigma`` follows ‖δ‖).
+
+The event depends only on the layers' shapes (:meth:`Mechanism.event`), so the one
+computed from a hypothesis is the release's; the release invariant
+(:func:`mechanisms.invariant.verify_release`) recomputes it from ``reference`` and
+``updated`` and refuses a release whose charge is not its own.
+
+``sanitize(...)`` is ``cast_release(sanitize_exact(...), updated)``: the release is made in
 float64, exactly on a public power-of-two grid (:mod:`mechanisms.grid`), and cast to float32
-last (post-processing), so that a check of its noise can be made before the cast.
+last (post-processing); the client calls the two steps itself so that the invariant's check
+of the noise is made on the float64 release, before the cast.
 
 ``reference`` and ``updated`` are sequences of floating-point arrays (one model's
 layers, same count and shapes, finite values); every method validates them.

@@ -25,6 +25,11 @@ import numpy as np
 from mechanisms._numeric import sum_of_squared_differences, sum_of_squares
 from mechanisms._validation import check_choice, check_positive_finite, check_positive_int
 
+#: The clip modes implemented here (:func:`l2_sensitivity`; the clipping mechanisms pick
+#: :func:`clip_l2` or :func:`clip_elementwise` by them). The same tuple is the ``clip-mode``
+#: setting's choices, ``settings.values.CLIP_MODES``: both packages sit at the bottom of the
+#: import contract (pyproject.toml) and may import no other gpfl package, so neither can take
+#: it from the other. ``tests/test_settings_rules.py`` checks that the two are equal.
 CLIP_MODES = ("l2", "elementwise")
 
 

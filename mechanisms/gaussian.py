@@ -80,8 +80,49 @@ class _ClippedGaussianBase(Mechanism[_GaussianEventT]):
     #: Whether the release is centred on ``reference`` and so must cover the spread.
     _CENTRED_ON_REFERENCE: ClassVar[bool] = True
 
+    @classmethod
+    def noise_scale(
+        cls, noise_multiplier: float, clip_mode: str, clip: float, n: int, spread: float = 0.0
+    ) -> float:
+        """Return the per-coordinate noise std σ of this mechanism's release at multiplier z.
+
+        σ = z·(Δ + D) for a release centred on ``reference`` (the Gaussian mechanism, see
+        the module notes), σ = z·Δ for one that is not (the stochastic sign: D is ignored),
+        with Δ = :func:`~mechanisms.clipping.l2_sensitivity` of the clipped update.
+
+        This is the one place the formula is written. The mechanism draws its noise with
+        it (its own z), the client plans the release with it
+        (:func:`client.release.plan_release`), and the release invariant
+        (:mod:`mechanisms.invariant`) computes with it the scale a charge pays for, from the
+        charged z and public numbers, never from the mechanism's own σ: hence a class
+        method, which takes z rather than reading it from an instance.
+
+        Parameters
+        ----------
+        noise_multiplier : float
+            z: the mechanism's calibrated one, or the one an event was charged for.
+        clip_mode : {"l2", "elementwise"}
+            How the update is clipped.
+        clip : float
+            The clipping norm C (``"l2"``) or coordinate bound c (``"elementwise"``), > 0.
+        n : int
+            The number of coordinates of the update, >= 1.
+        spread : float
+            The hypotheses' diameter D (not validated here: :meth:`sigma` and the callers
+            pass a checked one).
+
+        Returns
+        -------
+        float
+        """
+        sensitivity = l2_sensitivity(clip_mode, clip, n)
+        return noise_multiplier * (sensitivity + (spread if cls._CENTRED_ON_REFERENCE else 0.0))
+
     def sigma(self, n: int, spread: float = 0.0) -> float:
-        """Return the per-coordinate noise std for ``n`` coordinates: z·(Δ + spread).
+        """Return the per-coordinate noise std of this mechanism's release of ``n`` coordinates.
+
+        :meth:`noise_scale` at this mechanism's calibrated z, clip and clip mode: z·(Δ + spread)
+        for the Gaussian mechanism, z·Δ for the stochastic sign (which ignores the spread).
 
         Parameters
         ----------
@@ -95,7 +136,7 @@ class _ClippedGaussianBase(Mechanism[_GaussianEventT]):
         float
         """
         spread = check_non_negative_finite("spread", spread)
-        return self.noise_multiplier * (l2_sensitivity(self.clip_mode, self.clip, n) + spread)
+        return self.noise_scale(self.noise_multiplier, self.clip_mode, self.clip, n, spread)
 
     def _clipped_delta(
         self, ref: list[np.ndarray], upd: list[np.ndarray]
@@ -106,8 +147,13 @@ class _ClippedGaussianBase(Mechanism[_GaussianEventT]):
         return clip_elementwise(delta, self.clip)
 
     def _noise_sigma(self, n: int, spread: float) -> float:
-        """Return the σ of a release: z·(Δ + spread), or z·Δ where the spread does not enter."""
-        return self.sigma(n, spread if self._CENTRED_ON_REFERENCE else 0.0)
+        """Return the σ the release draws its noise with: :meth:`sigma`.
+
+        The one hook between the release (and its metrics) and the noise scale, so that
+        the privacy audits can inject a wrong σ here while the client's plan and the release
+        invariant keep the calibrated one.
+        """
+        return self.sigma(n, spread)
 
     def _metrics(self, ref: Layers, upd: Layers, spread: float) -> dict[str, float]:
         """Return ``sigma`` (:meth:`_noise_sigma`) and the client's (ε, δ) target."""

@@ -27,10 +27,12 @@ without the mechanism's own noise or σ (what it does read is said below), that
 
 What the check takes from the mechanism, and why that is sound. The scale is
 computed here, from the charged event and public numbers: ν·max(‖δ‖, r_min) for
-the neighbourhood calibration, n/ε for the fixed one, z·(Δ + D) for the Gaussian
-(Δ from :func:`~mechanisms.clipping.l2_sensitivity`, the clipped update
-recomputed with :mod:`mechanisms.clipping`); the mechanism's own σ and noise are
-never used. It does read public parameters from the mechanism: its event for
+the neighbourhood calibration, n/ε for the fixed one, and for the Gaussian z·(Δ + D)
+by the formula of the mechanism the event names
+(:meth:`GaussianMechanism.noise_scale <mechanisms.gaussian.GaussianMechanism.noise_scale>`,
+called with the charged z; the clipped update is recomputed with
+:mod:`mechanisms.clipping`); the mechanism's own σ and noise are never used. It does
+read public parameters from the mechanism: its event for
 this release (compared with the charged one), its least radius r_min
 (neighbourhood) and its clip C and clip mode (Gaussian, sign). None of them
 enters the charge: a neighbourhood release costs n/ν at any radius r (ε = n/(ν·r),
@@ -43,7 +45,9 @@ the first is the device's policy, applied where the mechanism is built
 (:func:`client.release.build_mechanism`), the second is the shared clipping code.
 For the stochastic sign the noise cannot be seen in a ±1 vector: the check is that
 every value is ±1 and that the mechanism's σ (the one method it calls) is at
-least z·Δ.
+least the scale its charge pays for, z·Δ
+(:meth:`StochasticSign.noise_scale <mechanisms.sign.StochasticSign.noise_scale>` of the
+charged z).
 
 A failed check raises :class:`ReleaseRefused`; the caller sends nothing (the
 release was already charged: a refusal must not be a free signal).
@@ -59,7 +63,7 @@ import numpy as np
 
 from mechanisms._numeric import BLOCK, sum_of_squared_differences
 from mechanisms.base import Mechanism, PrivacyEvent
-from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2, l2_sensitivity
+from mechanisms.clipping import CLIP_MODES, clip_elementwise, clip_l2
 from mechanisms.events import (
     GaussianReleaseEvent,
     MetricPrivacyEvent,
@@ -67,8 +71,10 @@ from mechanisms.events import (
     NonPrivateEvent,
     SignReleaseEvent,
 )
+from mechanisms.gaussian import GaussianMechanism
 from mechanisms.grid import RELEASE_DTYPE, grid_spacing, on_grid_exactly
 from mechanisms.laplace import laplace_grid, neighbourhood_epsilon
+from mechanisms.sign import StochasticSign
 
 __all__ = ["REFUSAL_PROBABILITY", "ReleaseRefused", "lower_tail_factor", "verify_release"]
 
@@ -185,7 +191,7 @@ def verify_release(
         for layers, (epsilon, _) in zip(blocks, event.layers, strict=True):
             _check_radial_noise(upd, out, layers, epsilon)
     elif isinstance(event, SignReleaseEvent):
-        _check_sign(mechanism, event, upd, out)
+        _check_sign(mechanism, event, upd, out, spread)
     elif isinstance(event, GaussianReleaseEvent):
         _check_gaussian(mechanism, event, ref, upd, out, spread)
     else:  # pragma: no cover - _check_charge refuses every other type
@@ -307,7 +313,8 @@ def _check_gaussian(
     if not isinstance(clip, float) or mode not in CLIP_MODES:
         raise ReleaseRefused("a Gaussian release from a mechanism without a clipping bound")
     n = sum(u.size for u in upd)
-    sigma = event.noise_multiplier * (l2_sensitivity(mode, clip, n) + spread)
+    # The Gaussian mechanism's formula at the charged z: not the mechanism's own σ.
+    sigma = GaussianMechanism.noise_scale(event.noise_multiplier, mode, clip, n, spread)
     delta = [np.subtract(u, r, dtype=np.float64) for r, u in zip(ref, upd, strict=True)]
     clipped = clip_l2(delta, clip) if mode == "l2" else clip_elementwise(delta, clip)
     energy = math.fsum(
@@ -331,7 +338,7 @@ def _check_gaussian(
 
 def _check_sign(
     mechanism: Mechanism[PrivacyEvent], event: SignReleaseEvent, upd: list[np.ndarray],
-    out: list[np.ndarray],
+    out: list[np.ndarray], spread: float,
 ) -> None:
     """Stochastic sign: only ±1, drawn with σ at least z·Δ (the noise itself is not visible)."""
     clip, mode = getattr(mechanism, "clip", None), getattr(mechanism, "clip_mode", None)
@@ -342,6 +349,7 @@ def _check_sign(
         if not np.isin(o, (-1.0, 1.0)).all():
             raise ReleaseRefused(f"layer {i}: a sign release holds values other than +1 and -1")
     n = sum(u.size for u in upd)
-    needed = event.noise_multiplier * l2_sensitivity(mode, clip, n)
+    # The sign mechanism's formula at the charged z (it leaves the spread out).
+    needed = StochasticSign.noise_scale(event.noise_multiplier, mode, clip, n, spread)
     if not sigma_of(n, 0.0) >= needed:
         raise ReleaseRefused("the sign mechanism's sigma is below what its charge pays for")

@@ -45,7 +45,9 @@ AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
 SERVER_UPDATES = ("mean", "step", "anneal", "plateau")
 #: What a cluster of releases becomes (strategies.robust implements each).
 CLUSTER_AGGREGATORS = ("mean", "clipped-mean", "median", "trimmed-mean", "krum")
-#: Clipping of a Gaussian/sign update; mechanisms.clipping.CLIP_MODES implements these.
+#: Clipping of a Gaussian/sign update. mechanisms.clipping.CLIP_MODES implements these and is
+#: the same tuple, declared again there because neither package may import the other (the
+#: import contract in pyproject.toml); tests/test_settings_rules.py checks they are equal.
 CLIP_MODES = ("l2", "elementwise")
 #: What keys each round's draw of devices (strategies.device_keys).
 SAMPLE_BY = ("node", "name")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ import pytest
 from client.app import device_task
 from client.numpy_client import RELEASE_FAILED, GpflClient, InstructionError, ReleaseFailedError
 from client.policy import DevicePolicy, PolicyError
-from client.settings import ClientSettings
-from mechanisms import PrivacyLedger
+from client.release import plan_release
+from client.settings import ClientSettings, PrivacySettings
+from mechanisms import PrivacyLedger, calibrate_gaussian_noise_multiplier
 from settings import federation_defaults
 
 RUN: dict[str, Any] = {
@@ -156,6 +158,28 @@ def test_gaussian_client_declares_its_budget_and_sigma(tmp_path: Path) -> None:
     assert metrics["budget-epsilon"] == 2.0 and metrics["budget-delta"] == 1e-5
     assert metrics["sigma"] > 0
     assert 0 < metrics["spend-epsilon"] <= 2.0
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "sign"])
+def test_the_plan_states_the_noise_scale_the_release_draws(mechanism: str) -> None:
+    # Prepare: two hypotheses 0.5 apart, 7 coordinates clipped element-wise to 0.5.
+    privacy = PrivacySettings(
+        mechanism=mechanism, calibration="neighbourhood", noise_multiplier=1.0, d_epsilon=1.0,
+        public_radius=1.0, least_radius=0.01, per_layer=False, epsilon=2.0, delta=1e-5,
+        ledger_delta=1e-5, clip=0.5, clip_mode="elementwise", planned_releases=10,
+        cap_d_privacy=100.0, cap_epsilon=100.0)
+    first = [np.zeros(3, np.float32), np.ones((2, 2), np.float32)]
+    second = [np.array([0.5, 0.0, 0.0], np.float32), np.ones((2, 2), np.float32)]
+
+    # Execute
+    plan = plan_release(privacy, [first, second], max_abs=10.0)
+
+    # Assert: z (2c sqrt(n) + D) for the Gaussian, z 2c sqrt(n) for the sign, bit for bit.
+    z = calibrate_gaussian_noise_multiplier(2.0, 1e-5, 10)
+    sensitivity = 2.0 * 0.5 * math.sqrt(7)
+    assert plan.spread == 0.5
+    expected = z * (sensitivity + plan.spread) if mechanism == "gaussian" else z * sensitivity
+    assert plan.metrics["sigma"] == expected
 
 
 def test_corrupt_ledger_stops_the_client_and_sends_no_details(tmp_path: Path) -> None:

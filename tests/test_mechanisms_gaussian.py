@@ -351,3 +351,35 @@ def test_sign_ignores_the_spread() -> None:
     np.testing.assert_array_equal(plain[0], spread[0])
     metrics = mechanism.public_metrics(reference, updated, spread=3.0)
     assert metrics["sigma"] == mechanism.noise_multiplier * 2.0
+
+
+# -- the noise scale, written once ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["l2", "elementwise"])
+def test_the_noise_scale_covers_the_spread_only_for_a_release_centred_on_the_hypothesis(
+    mode: str,
+) -> None:
+    # The formula each class owns, at any z (the release invariant passes the charged one).
+    z, clip, n, spread = 1.7, 0.3, 1000, 0.25
+    sensitivity = l2_sensitivity(mode, clip, n)
+
+    assert GaussianMechanism.noise_scale(z, mode, clip, n, spread) == z * (sensitivity + spread)
+    assert StochasticSign.noise_scale(z, mode, clip, n, spread) == z * sensitivity
+
+
+@pytest.mark.parametrize("cls", [GaussianMechanism, StochasticSign])
+@pytest.mark.parametrize("mode", ["l2", "elementwise"])
+def test_sigma_and_the_metrics_are_the_noise_scale_at_the_calibrated_multiplier(
+    cls: type[GaussianMechanism] | type[StochasticSign], mode: str,
+) -> None:
+    # Prepare: 13 coordinates over two layers, hypotheses 0.5 apart.
+    mechanism = cls(clip_mode=mode, **SETTINGS)  # type: ignore[arg-type]
+    model = [np.zeros(7), np.zeros((3, 2))]
+
+    # Execute
+    expected = cls.noise_scale(mechanism.noise_multiplier, mode, SETTINGS["clip"], 13, 0.5)
+
+    # Assert: bit for bit, the same number everywhere the mechanism states its sigma.
+    assert mechanism.sigma(13, 0.5) == expected
+    assert mechanism.public_metrics(model, model, spread=0.5)["sigma"] == expected

@@ -230,3 +230,23 @@ def test_a_malformed_release_is_refused(bad: str) -> None:
     with pytest.raises(ReleaseRefused):
         verify_release(mechanism, event, reference=REFERENCE, updated=UPDATED,
                        released=released, spread=0.0)
+
+
+def test_a_gaussian_release_below_its_charged_scale_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: the mechanism draws half its sigma; the charge (its event) is unchanged. The
+    # check computes the scale from the charged z with the mechanism's formula, not from the
+    # sigma the mechanism used.
+    n = 10_000
+    reference = [np.zeros(n, np.float32)]
+    mechanism = GaussianMechanism(clip=1.0, epsilon=1.0, delta=1e-5, planned_releases=10)
+    event = mechanism.event(reference, reference)
+    drawn = mechanism._noise_sigma
+    monkeypatch.setattr(mechanism, "_noise_sigma", lambda size, spread: drawn(size, spread) / 2)
+    exact = mechanism.sanitize_exact(reference, reference, rng=np.random.default_rng(RNG_SEED))
+
+    # Execute / Assert
+    with pytest.raises(ReleaseRefused):
+        verify_release(mechanism, event, reference=reference, updated=reference,
+                       released=cast_release(exact, reference), exact=exact, spread=0.0)

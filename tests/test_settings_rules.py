@@ -13,6 +13,7 @@ import mechanisms.laplace
 import strategies
 import strategies.device_keys
 import strategies.replies
+from mechanisms import GaussianMechanism
 from server.settings import RunSettings
 from settings import AGGREGATIONS, CLIP_MODES, MECHANISMS, SETTINGS, SettingError
 from settings.rules import (
@@ -38,6 +39,16 @@ def test_the_value_sets_are_the_declarations() -> None:
     # calibrations are its own tuples, which must be the declared ones.
     assert mechanisms.clipping.CLIP_MODES == CLIP_MODES
     assert mechanisms.laplace.CALIBRATIONS == SETTINGS["calibration"].choices
+
+
+@pytest.mark.parametrize("mode", CLIP_MODES)
+def test_every_declared_clip_mode_is_implemented(mode: str) -> None:
+    # The declared tuple is a copy of the implemented one (the import contract): each of its
+    # modes has a sensitivity, and a clipping mechanism takes it.
+    assert mechanisms.clipping.l2_sensitivity(mode, 1.0, 4) > 0.0
+    mechanism = GaussianMechanism(clip=1.0, clip_mode=mode, epsilon=1.0, delta=1e-5,
+                                  planned_releases=1)
+    assert mechanism.clip_mode == mode
 
 
 def test_the_strategy_defaults_are_the_declarations() -> None:
