@@ -46,8 +46,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from client.process_tree import child_env, terminate_tree
 from client import fleet_poll
+from client.process_tree import child_env, terminate_tree
 
 __all__ = ["StopSignal", "add_arguments", "executor_argv", "parse_node_config",
            "raise_stop_signal", "run", "start_child", "stop_child", "supernode_argv"]
