@@ -42,6 +42,10 @@ def parse_node_configs(items: list[str]) -> dict[int, dict[str, Any]]:
     return out
 
 
+#: ``--engine``'s choices: the names of :data:`deploy.engines.ENGINES`, spelled here so that the
+#: parser does not import the engines (and Flower) to print its help; a test keeps them alike.
+ENGINE_NAMES = ("deployment", "simulation", "direct")
+
 #: Options that describe the federation; ``--resume`` takes them from the run directory.
 _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls", "auth",
                        "engine", "app_defaults", "ray_address", "superlink_database")
@@ -79,7 +83,7 @@ def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
         "app_dir": Path(args.app) if args.app else None,
         "tls": args.tls,
         "auth": args.auth,
-        "simulation": args.engine == "simulation",
+        "engine": args.engine or "deployment",
         "ray_address": args.ray_address,
         "superlink_database": args.superlink_database,
     }
@@ -193,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auth", action="store_true",
                    help="SuperNode authentication (implies --tls): a key pair per SuperNode, "
                         "registered with the SuperLink")
-    p.add_argument("--engine", choices=("deployment", "simulation"),
-                   help="real SuperNode processes (default) or Flower's Simulation Engine (Ray)")
+    p.add_argument("--engine", choices=ENGINE_NAMES,
+                   help="real SuperNode processes (default), Flower's Simulation Engine (Ray), "
+                        "or the ServerApp and ClientApp in this process (direct)")
     p.add_argument("--ray-address", metavar="HOST:PORT",
                    help="with --engine simulation: run the virtual nodes on the running Ray "
                         "cluster whose head is HOST:PORT instead of a local Ray "

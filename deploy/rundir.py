@@ -96,6 +96,8 @@ def resume_arguments(run_dir: Path) -> dict[str, Any]:
         raise ResumeError(f"--resume {run_dir}: {launch_file} is not JSON ({err})") from None
     for key in ("node_configs", "node_env"):
         saved[key] = {int(i): v for i, v in saved.get(key, {}).items()}
+    if "simulation" in saved:  # run directories of gpfl before --engine direct
+        saved["engine"] = "simulation" if saved.pop("simulation") else "deployment"
     if saved.get("app_dir") is not None:
         saved["app_dir"] = Path(saved["app_dir"])
     saved["run_config"] = {**saved.get("run_config", {}), "resume-from": str(run_dir)}

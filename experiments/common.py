@@ -127,7 +127,7 @@ class Context:
         Where progress lines go (standard output when None).
     engine : str
         What runs a federation: ``"direct"`` (the ServerApp and ClientApp in this process,
-        :mod:`experiments.direct_engine`; the same results as the Simulation Engine) or
+        :mod:`deploy.direct_grid`; the same results as the Simulation Engine) or
         ``"simulation"`` (Flower's Simulation Engine, through ``gpfl launch``).
     """
 
@@ -264,17 +264,12 @@ class Context:
         engine = engine or self.engine
         self.log(f"--- {self.name} {spec.label} ({engine} engine): {directory}")
         policy, echo = experiment_policy(spec.config), echo or self.log
-        summary: dict[str, Any]
-        if engine == "direct":
-            from experiments.direct_engine import launch_direct
+        from deploy.launcher import launch  # Flower is imported only when a run is needed
 
-            summary = launch_direct(spec.config, spec.supernodes, directory, policy, echo)
-        else:
-            from deploy.launcher import launch  # Flower is imported only when a run is needed
-
-            summary = launch(supernodes=spec.supernodes, simulation=True, run_config=spec.config,
-                             policy=policy, out_dir=directory, echo=echo,
-                             timeout=self.timeout).summary
+        # No figure.png: each experiment draws its own figures from many runs.
+        summary = launch(engine=engine, supernodes=spec.supernodes, run_config=spec.config,
+                         policy=policy, out_dir=directory, echo=echo, timeout=self.timeout,
+                         figure=False).summary
         self.launched += 1
         return summary
 

@@ -76,7 +76,7 @@ Run = tuple[Cell, Any]
 ENGINES = {
     "simulation": "this repository's ServerApp and ClientApp, one virtual SuperNode per user, "
                   "on Flower's Simulation Engine (Ray) or on the direct engine (the same apps "
-                  "and Flower's server loop in one process, `experiments/direct_engine.py`; "
+                  "and Flower's server loop in one process, `deploy/direct_grid.py`; "
                   "the same results bit for bit, `tests/test_experiments_pairing.py`); each "
                   "section's note says which",
     "in-process": "gpfl's own client, mechanisms or trainer called in one process, without a "

@@ -87,7 +87,7 @@ def test_run_launches_once_then_reuses_the_cache(tmp_path: Path,
     spec = FederationSpec("one", {"task": "synthetic", "seed": 0}, 5)
     first = ctx.run(spec)
     second = ctx.run(spec)
-    assert len(fake.calls) == 1 and fake.calls[0]["simulation"] is True
+    assert len(fake.calls) == 1 and fake.calls[0]["engine"] == "simulation"
     assert fake.calls[0]["supernodes"] == 5 and fake.calls[0]["run_config"]["seed"] == 0
     assert first["_cached"] is False and second["_cached"] is True
     assert (ctx.launched, ctx.reused) == (1, 1)

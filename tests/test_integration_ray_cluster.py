@@ -97,7 +97,7 @@ def test_the_simulation_engine_runs_clients_on_both_nodes_of_a_ray_cluster(
 
     # Execute: 20 virtual users, 10 a round, 3 rounds, on the cluster; every device's policy
     # (the launch's, handed to the workers of both nodes) caps it at one release.
-    result = launch(supernodes=20, simulation=True, ray_address=address,
+    result = launch(supernodes=20, engine="simulation", ray_address=address,
                     policy={"cap-d-privacy": CAP}, out_dir=tmp_path / "run",
                     echo=lambda _: None, timeout=300,
                     run_config={"num-rounds": 3, "clients-per-round": 10, "patience": 0,

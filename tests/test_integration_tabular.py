@@ -158,7 +158,7 @@ def test_one_file_split_among_virtual_devices_on_the_simulation_engine(tmp_path:
     shared.write_text("\n".join([lines[0][0], *(row for f in lines for row in f[1:])]) + "\n")
 
     # Execute: a Dirichlet split over the label (Flower Datasets), 2 rounds.
-    result = launch(supernodes=4, simulation=True, out_dir=tmp_path / "run",
+    result = launch(supernodes=4, engine="simulation", out_dir=tmp_path / "run",
                     policy={"data-path": str(shared)}, echo=lambda line: None,
                     run_config={**RUN, "num-rounds": 2, "seed": SEED, "tabular-split": "dirichlet",
                                 "dirichlet-alpha": 1.0})

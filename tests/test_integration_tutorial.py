@@ -86,7 +86,7 @@ def test_the_tutorial_commands_finish_federations_with_the_plugin(tmp_path: Path
             assert summary["status"] == "complete", out
             assert summary["task_info"]["name"] == "example-linear"
             assert summary["rounds_completed"] == summary["num_rounds"]
-        assert json.loads((outs[1] / "launch.json").read_text())["simulation"] is True
+        assert json.loads((outs[1] / "launch.json").read_text())["engine"] == "simulation"
         assert flower_processes() == []
     finally:
         if not was_installed:

@@ -53,7 +53,7 @@ def test_a_truncated_checkpoint_is_refused_before_the_federation_starts(tmp_path
 def test_a_superlink_database_on_the_simulation_engine_is_refused_at_start(
         tmp_path: Path) -> None:
     with pytest.raises(LaunchError, match="--superlink-database needs real SuperNodes"):
-        launch(supernodes=2, out_dir=tmp_path / "run", simulation=True,
+        launch(supernodes=2, out_dir=tmp_path / "run", engine="simulation",
                superlink_database=True, echo=lambda _: None)
     assert flower_processes() == []
 

@@ -48,6 +48,7 @@ def test_resume_replays_the_saved_launch_into_the_same_run_directory(tmp_path: P
     # Assert: the same federation (node indices back to ints), the same run config without
     # the saved launch's per-launch keys, continuing from this directory.
     assert kwargs["supernodes"] == 3 and kwargs["tls"] is True
+    assert kwargs["engine"] == "deployment" and "simulation" not in kwargs  # an older launch.json
     assert kwargs["node_configs"] == {2: {"client-epsilons": "1"}}
     assert kwargs["node_env"] == {1: {"CUDA_VISIBLE_DEVICES": "1"}}
     assert kwargs["policy"] == {"cap-d-privacy": 5.0}

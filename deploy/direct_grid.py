@@ -1,4 +1,4 @@
-"""The direct engine: the ServerApp and the ClientApp of a federation called in one process.
+"""The direct engine's grid: a federation's ServerApp and ClientApp called in one process.
 
 Flower's Simulation Engine runs a federation as a SuperLink, a ServerApp process and a Ray
 cluster whose actors call the ClientApp: seconds of start-up per federation and two 0.1 s polls
@@ -6,17 +6,17 @@ per round, while the devices' own work in a round of the papers' experiments tak
 milliseconds. A sweep of a hundred federations spent most of its time there (docs/BENCHMARKS.md,
 "The experiments' engines").
 
-The direct engine keeps every part of gpfl and of Flower's server loop and replaces only the
-transport. It calls :data:`server.app.app` (Flower's ``ServerApp``: ``server_fn``, then
-Flower's legacy ``start_grid`` and ``Server.fit``, with gpfl's strategy, recorder and
-checkpoints) with a :class:`DirectGrid`, Flower's ``Grid`` interface, whose
-``send_and_receive`` calls :data:`client.app.app` (the ``ClientApp``: the device's policy,
-ledger, mechanism and training) for each instruction, with the node's own ``Context`` as the
-Simulation Engine's node would have it: ``partition-id`` and ``num-partitions`` in its node
-config, a state that lasts the run, the device settings from the launch policy file
-(``GPFL_POLICY``). A ClientApp that raises becomes an error reply, as Flower's simulation
-worker makes it. What it leaves out: the processes, gRPC and Ray; instruction TTLs (nothing
-is late in one process); Flower's ``flwr run`` packaging.
+The direct engine (``gpfl launch --engine direct``, :class:`deploy.engines.DirectEngine`) keeps
+every part of gpfl and of Flower's server loop and replaces only the transport. It calls
+:data:`server.app.app` (Flower's ``ServerApp``: ``server_fn``, then Flower's legacy
+``start_grid`` and ``Server.fit``, with gpfl's strategy, recorder and checkpoints) with a
+:class:`DirectGrid`, Flower's ``Grid`` interface, whose ``send_and_receive`` calls
+:data:`client.app.app` (the ``ClientApp``: the device's policy, ledger, mechanism and training)
+for each instruction, with the node's own ``Context`` as the Simulation Engine's node would have
+it: ``partition-id`` and ``num-partitions`` in its node config, a state that lasts the run, the
+device settings from the launch policy file (``GPFL_POLICY``). A ClientApp that raises becomes
+an error reply, as Flower's simulation worker makes it. What it leaves out: the processes, gRPC
+and Ray; instruction TTLs (nothing is late in one process); Flower's ``flwr run`` packaging.
 
 The ClientApp answers one instruction at a time, as the Simulation Engine's one Ray actor per
 two CPUs does on this machine; torch uses the cores within it. The results are those of the
@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -43,11 +43,9 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 
 from client.policy import POLICY_ENV
-from deploy.rundir import add_ledgers, write_policy
-from server.results import ROUND_TAG, mark_incomplete
-from server.settings import check_launch
+from server.results import ROUND_TAG
 
-__all__ = ["DirectGrid", "launch_direct"]
+__all__ = ["DirectGrid", "policy_env", "run_logging"]
 
 #: The loggers whose records a run writes to its log (Flower's and the apps').
 LOGGERS = ("flwr", "server", "strategies", "mechanisms", "tasks", "client")
@@ -156,59 +154,8 @@ class _Echo(logging.Handler):
             self._echo(line)
 
 
-def launch_direct(run_config: Mapping[str, Any], supernodes: int, out: Path,
-                  policy: Mapping[str, Any], echo: Callable[[str], None]) -> dict[str, Any]:
-    """Run a federation with the direct engine in ``out``; return its summary.
-
-    As :func:`deploy.launcher.launch` on the Simulation Engine: the run config is checked first,
-    each virtual node applies the launch ``policy`` (its ledger in ``out/ledgers``), the
-    ServerApp writes ``out/summary.json`` and ``out/checkpoint.npz``, the devices' ledgers are
-    read back into the summary, and the run's log is ``out/logs/flwr-run.log``.
-
-    Raises
-    ------
-    deploy.launcher.LaunchError
-        For an invalid run config, or a run that ends without a summary or with no round.
-    """
-    # Imported here, as `deploy.launcher` is: Flower and the apps load only when a run does.
-    from client.app import app as client_app
-    from deploy.launcher import LaunchError
-    from server.app import app as server_app
-    from settings import SettingError, federation_defaults
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
-    config = {**federation_defaults(), **run_config, "out-dir": str(out)}
-    device_policy = {"ledger-dir": str(out / "ledgers"), **policy}
-    nodes = [{"partition-id": i, "num-partitions": supernodes} for i in range(supernodes)]
-    try:
-        check_launch(config, device_policy, nodes)
-    except SettingError as err:
-        raise LaunchError(str(err)) from None
-    policy_file, ledger_paths = write_policy(out, device_policy, nodes)
-    run = Run.create_empty(run_id=secrets.randbits(63) or 1)
-    grid = DirectGrid(cast(Callable[[Message, Context], Message], client_app), run, nodes,
-                      config)
-    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
-                      run_config=dict(config))
-    with _run_logging(out / "logs" / "flwr-run.log", echo), _policy_env(policy_file):
-        try:
-            server_app(grid, context)
-        except Exception as err:  # the summary says how far it got
-            echo(f"ERROR the ServerApp raised {type(err).__name__}: {err}")
-    summary = mark_incomplete(out, "the ServerApp ended before the run did (see logs)")
-    if summary is None:
-        raise LaunchError(f"the run ended without writing {out / 'summary.json'}; see "
-                          f"{out / 'logs'}")
-    summary = add_ledgers(out, summary, ledger_paths)
-    if summary.get("rounds_completed", 0) == 0 and summary.get("status") != "incomplete":
-        raise LaunchError(f"no round completed (every client failed or declined); see "
-                          f"{out / 'logs'}")
-    return summary
-
-
 @contextmanager
-def _run_logging(path: Path, echo: Callable[[str], None]) -> Iterator[None]:
+def run_logging(path: Path, echo: Callable[[str], None]) -> Iterator[None]:
     """Send the run's log records to ``path`` (and its round lines to ``echo``), not the console.
 
     The ServerApp gives gpfl's loggers the handlers of Flower's (``server.app``), so both are
@@ -234,7 +181,7 @@ def _run_logging(path: Path, echo: Callable[[str], None]) -> Iterator[None]:
 
 
 @contextmanager
-def _policy_env(policy_file: Path) -> Iterator[None]:
+def policy_env(policy_file: Path) -> Iterator[None]:
     """Name the launch policy in ``GPFL_POLICY`` for the run (as on the Simulation Engine)."""
     previous = os.environ.get(POLICY_ENV)
     os.environ[POLICY_ENV] = str(policy_file)
