@@ -31,11 +31,12 @@ The quickstart keeps that privacy and changes only what the method leaves free:
   early stopping; the best validation round's hypotheses are the result. At 20 devices the
   final hypotheses were within 0.5 of both optima by round 60 in 20 of 20 in-process runs
   (docs/RESULTS.md, "small-federations"). At 50 rounds 2 of 20 launches over real processes
-  ended short, one of them still approaching (docs/USAGE.md); the ten rounds more cost each
-  device 4 of d-privacy (24 in all).
+  ended short, one of them still approaching; the ten rounds more cost each device 4 of
+  d-privacy (24 in all).
 
 Measured in process (docs/RESULTS.md, "Small federations") and over real processes
-(docs/USAGE.md, "What convergence takes"). On 2 cores 20 real SuperNodes take 3-4 s a round.
+(docs/BENCHMARKS.md, "The default launch, ten times", which gives the round time; docs/USAGE.md,
+"What convergence takes", explains the settings).
 """
 
 from __future__ import annotations

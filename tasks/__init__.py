@@ -18,9 +18,11 @@ tabular    `tasks.tabular`         the device's own CSV or Parquet file (torch l
 The run config names a task; each side resolves the name against the plugins installed *in its
 own environment*: a device against its own (and its ``allowed-tasks``), the ServerApp against
 the server's. No task code ever travels with a run. `load_task` imports a task's module only
-when the task is built: a Flower ClientApp process is started for every message, and the NumPy
-tasks (``synthetic``, ``fairness``) must not pay for importing torch or scikit-learn. Reading
-the entry points reads the installed packages' metadata and imports nothing.
+when the task is built: a device's warm executor (``gpfl supernode``, `client.executor`) imports
+it once, on the first task that names it, but plain ``flower-supernode`` starts a ClientApp
+process for every message, and there the NumPy tasks (``synthetic``, ``fairness``) must not pay
+for importing torch or scikit-learn. Reading the entry points reads the installed packages'
+metadata and imports nothing.
 
 docs/TASKS.md describes the interface a task implements and how to write a plugin.
 The papers the built-in tasks follow are cited by number (paper 001, paper 002, thesis 004;

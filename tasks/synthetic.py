@@ -9,8 +9,9 @@ a standard normal is our choice. The model is linear with exactly n parameters a
 (the paper's θ ∈ R²), so even at θ*_g the loss is the RMS of the noise, ≈ sqrt(1/3) ≈ 0.577.
 The loss is the RMSE (the paper's Eq. 15) and training is mini-batch gradient descent on it.
 
-Pure NumPy: importing this module must not import torch or scikit-learn, because a Flower
-ClientApp process is started for every message.
+Pure NumPy: importing this module must not import torch or scikit-learn, because plain
+``flower-supernode`` starts a ClientApp process for every message (``gpfl supernode``'s warm
+executor imports it once).
 
 Each user's data come from ``SeedSequence([data-seed, purpose, index])`` (see
 `tasks.base.user_seed`), so any process regenerates the same bytes without coordination.
