@@ -177,6 +177,20 @@ def test_the_runner_and_the_watch_agree_and_match_flower() -> None:
     assert serverapp_runner.GUARD_INTERVAL_S < constant.HEARTBEAT_DEFAULT_INTERVAL / 5
 
 
+@pytest.mark.parametrize("task", sorted(serverapp_runner.RUNTIMES))
+def test_the_runner_wraps_the_function_flowers_entry_calls_by_its_global_name(task: str) -> None:
+    # The runner stops its heartbeat guard when the app returns by replacing the function
+    # Flower's runtime entry calls (a module global): a Flower that called it another way
+    # would leave the guard running past the token's revocation. Pinned on the installed Flower.
+    import importlib
+    import inspect
+
+    runtime = serverapp_runner.RUNTIMES[task]
+    module = importlib.import_module(runtime.module)
+    assert callable(getattr(module, runtime.app_call))
+    assert f"{runtime.app_call}(" in inspect.getsource(getattr(module, runtime.entry))
+
+
 def watch_with(tmp_path: Path, liveness: Liveness) -> tuple[ProcessSet, ProcessWatch]:
     procs = ProcessSet()
     for name in ("superlink", "flwr-run"):
