@@ -217,6 +217,32 @@ class ReplyScreen:
         """
         t = server_round
         out = Intake(np.zeros((0, hypotheses.shape[1]), np.float32), np.zeros(0), [])
+        answered, reasons = self._take_failures(t, failures, out, record)
+        candidates = self._read_metrics(t, results, answered, out, record)
+        released, sigmas, cids = self._read_releases(t, candidates, hypotheses.shape[1], out,
+                                                     record)
+        released, sigmas, cids, geometry = self._screen_magnitudes(
+            t, released, sigmas, cids, hypotheses, out, record, gram=gram, sketch=sketch)
+        for cid in cids:
+            record(cid).participations += 1
+        self._count_missing(t, sampled, answered, reasons, out, record)
+        out.released = released
+        # A missing σ weighs nothing under the plain mean, the only aggregation that allows it.
+        out.sigmas = np.nan_to_num(sigmas, nan=0.0)
+        out.cids = cids
+        out.geometry = geometry
+        out.failures += len(out.failed)
+        out.answering = len(answered)
+        return out
+
+    def _take_failures(
+        self, t: int, failures: Sequence[tuple[ClientProxy, FitRes] | BaseException],
+        out: Intake, record: Callable[[str], ClientRecord],
+    ) -> tuple[set[str], dict[str, str]]:
+        """Record the round's failures; return who answered with one, and why the others did not.
+
+        The second is by node id, for each device that sent nothing where Flower said which.
+        """
         answered: set[str] = set()
         reasons: dict[str, str] = {}
         for failure in failures:
@@ -235,12 +261,25 @@ class ReplyScreen:
                 out.failures += 1
                 _LOG.warning("round %d: a device failed (Flower did not say which): %s", t,
                              str(failure)[:300])
+        return answered, reasons
 
-        def drop(cid: str, reason: str) -> None:
-            out.dropped.append((self.names.label(cid), reason))
-            record(cid).dropped += 1
-            _LOG.warning("round %d: dropped the reply of %s: %s", t, self.device(cid), reason)
+    def _drop(self, t: int, out: Intake, cid: str, reason: str,
+              record: Callable[[str], ClientRecord]) -> None:
+        """Drop the reply of ``cid``, counted and logged with its reason."""
+        out.dropped.append((self.names.label(cid), reason))
+        record(cid).dropped += 1
+        _LOG.warning("round %d: dropped the reply of %s: %s", t, self.device(cid), reason)
 
+    def _read_metrics(
+        self, t: int, results: Sequence[tuple[ClientProxy, FitRes]], answered: set[str],
+        out: Intake, record: Callable[[str], ClientRecord],
+    ) -> list[tuple[str, str, FitRes, float]]:
+        """Read each reply's metrics and name; count declines; drop what does not parse.
+
+        Adds every replying node to ``answered``. Returns ``(name, node id, reply, σ)`` of the
+        releases left to read, in canonical order (by name, then node id): the same replies
+        give the same matrix, whatever order they came in.
+        """
         # A name stays with its node if that node answered this round (NameBook.check).
         replied = answered | {proxy.cid for proxy, _ in results}
         candidates: list[tuple[str, str, FitRes, float]] = []
@@ -262,7 +301,7 @@ class ReplyScreen:
                                  "superseded (a restarted device; not asked again)", t,
                                  parsed.name, cid, owner)
             if reason is not None or parsed is None or isinstance(parsed, str):
-                drop(cid, reason or "unreadable reply")
+                self._drop(t, out, cid, reason or "unreadable reply", record)
                 continue
             client = record(cid)
             client.name = parsed.name
@@ -277,10 +316,17 @@ class ReplyScreen:
                 continue
             sigma = parsed.sigma if parsed.sigma is not None else np.nan
             candidates.append((parsed.name, cid, res, sigma))
-
-        # Canonical order: the same replies give the same matrix, whatever order they came in.
         candidates.sort(key=lambda c: (c[0], c[1]))
-        n = hypotheses.shape[1]
+        return candidates
+
+    def _read_releases(
+        self, t: int, candidates: list[tuple[str, str, FitRes, float]], n: int, out: Intake,
+        record: Callable[[str], ClientRecord],
+    ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+        """Copy each candidate's release into one float32 matrix; drop what does not read.
+
+        Returns the matrix (one row a kept release), their σ, and their node ids.
+        """
         matrix = np.empty((len(candidates), n), dtype=np.float32)
         sigmas = np.empty(len(candidates), dtype=np.float64)
         cids: list[str] = []
@@ -292,17 +338,26 @@ class ReplyScreen:
                 _LOG.exception("round %d: unexpected error reading a reply", t)
                 reason = f"unreadable reply ({type(err).__name__})"
             if reason is not None:
-                drop(cid, reason)
+                self._drop(t, out, cid, reason, record)
                 continue
             sigmas[len(cids)] = sigma
             cids.append(cid)
-        released, sigmas = matrix[: len(cids)], sigmas[: len(cids)]
+        return matrix[: len(cids)], sigmas[: len(cids)], cids
 
+    def _screen_magnitudes(
+        self, t: int, released: np.ndarray, sigmas: np.ndarray, cids: list[str],
+        hypotheses: np.ndarray, out: Intake, record: Callable[[str], ClientRecord], *,
+        gram: bool, sketch: CountSketch | None,
+    ) -> tuple[np.ndarray, np.ndarray, list[str], RoundGeometry | None]:
+        """Drop the releases whose size no honest device's could have; update each pull.
+
+        The round's one pass over its releases (:func:`strategies.geometry.measure_round`)
+        measures the screening's norms and distances, and what the persistence test and the
+        robust clusters ask for; it is returned for those steps, on the kept releases.
+        """
         geometry = None
         measured = None
         if self.release != "sign" and self.limits.mechanism != "sign" and cids:
-            # The round's one pass over its releases: the screening's norms and distances,
-            # and what the persistence test and the robust clusters ask for.
             geometry = measure_round(released, hypotheses, gram=gram, sketch=sketch)
             measured = geometry.norms, geometry.nearest_distances()
         refusals, distances = screen_norms(released, hypotheses, sigmas, self.reference,
@@ -310,7 +365,7 @@ class ReplyScreen:
         keep = np.array([r is None for r in refusals], dtype=bool)
         for cid, reason in zip(cids, refusals, strict=True):
             if reason is not None:
-                drop(cid, reason)
+                self._drop(t, out, cid, reason, record)
         if not keep.all():
             released, sigmas, distances = released[keep], sigmas[keep], distances[keep]
             cids = [c for c, k in zip(cids, keep, strict=True) if k]
@@ -322,9 +377,12 @@ class ReplyScreen:
             if scale > 0:
                 for cid, distance in zip(cids, distances.tolist(), strict=True):
                     record(cid).pull += distance / scale
-        for cid in cids:
-            record(cid).participations += 1
+        return released, sigmas, cids, geometry
 
+    def _count_missing(self, t: int, sampled: Sequence[str], answered: set[str],
+                       reasons: Mapping[str, str], out: Intake,
+                       record: Callable[[str], ClientRecord]) -> None:
+        """Record who answered, and each sampled device that sent nothing, with its reason."""
         lost = [cid for cid in dict.fromkeys([*sampled, *reasons]) if cid not in answered]
         for cid in answered:
             record(cid).answered()
@@ -333,14 +391,6 @@ class ReplyScreen:
             out.missing.append(self.names.label(cid))
             _LOG.warning("round %d: no reply from %s: %s", t, self.device(cid),
                          reasons.get(cid, "no reply before the round ended"))
-        out.released = released
-        # A missing σ weighs nothing under the plain mean, the only aggregation that allows it.
-        out.sigmas = np.nan_to_num(sigmas, nan=0.0)
-        out.cids = cids
-        out.geometry = geometry
-        out.failures += len(out.failed)
-        out.answering = len(answered)
-        return out
 
     def _failed(self, t: int, out: Intake, cid: str, reason: str,
                 record: Callable[[str], ClientRecord]) -> None:
