@@ -107,6 +107,17 @@ def test_architecture_md_draws_the_contract_and_the_real_arrows() -> None:
         ("client/supernode.py", "import deploy.processes", "Layers"),
         ("tasks/base.py", "import experiments", "Layers"),
         ("strategies/norms.py", "import tasks", "strategies works on arrays"),
+        ("experiments/core/runner.py", "import experiments.audits.mia",
+         "experiments.core imports no experiment"),
+        ("experiments/core/report.py", "import experiments.cli",
+         "experiments.core imports no experiment"),
+        ("experiments/audits/rogue_devices.py",
+         "import experiments.reproductions.small_federations",
+         "reproductions, audits and benchmarks never import one another"),
+        ("experiments/benchmarks/bench_suite.py", "import experiments.audits.privacy_audit",
+         "reproductions, audits and benchmarks never import one another"),
+        ("experiments/reproductions/leakage.py", "import experiments.cli",
+         "No experiment imports the experiments' command line"),
     ],
 )
 def test_lint_imports_fails_on_a_forbidden_import(
@@ -126,3 +137,29 @@ def test_lint_imports_fails_on_a_forbidden_import(
     assert broken.returncode == 1, broken.stdout + broken.stderr
     report = broken.stdout.split("Broken contracts", 1)[-1]
     assert contract in report and module.removesuffix(".py").replace("/", ".") in report
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "package"),
+    [
+        ("experiments/core/tables.py", "import experiments.core.runner", "experiments.core"),
+        ("experiments/audits/privacy_report.py", "import experiments.audits.mia",
+         "experiments.audits"),
+        ("strategies/geometry.py", "import strategies.norms", "strategies"),
+    ],
+)
+def test_lint_imports_fails_on_an_import_cycle(
+    tmp_path: Path, module: str, line: str, package: str
+) -> None:
+    """The real ``lint-imports`` on a copy where a module imports back one that imports it."""
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with (tmp_path / module).open("a") as f:
+        f.write(f"\n{line}  # a cycle\n")
+    lint = [str(LINT_IMPORTS), "--no-cache", "--no-logo"]
+    broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    report = broken.stdout.split("Broken contracts", 1)[-1]
+    assert f"No cycles are allowed in {package}." in report, report
