@@ -11,8 +11,8 @@ scikit-learn's 8×8 digits, in modules named after what they hold:
 * `experiments.audits.dlg_audit` (the audit loop) and `experiments.audits.dlg_report` (its tables,
   claims and figures of scores).
 
-This module gathers their public names, so that ``from experiments.audits.dlg import attack,
-victim`` reads as one API.
+This module gathers their public names, so that
+``from experiments.audits.dlg import attack, victim`` reads as one API.
 """
 
 from __future__ import annotations
