@@ -4,11 +4,12 @@
 ``collect_files`` walks the whole tree and resolves each path) and only then drops what its
 include rules and the app's ``.gitignore`` leave out. A checkout with its ``.venv`` and
 ``runs/`` inside holds ~54,000 files: the FAB took 4.09 s of CPU to build from it, and 0.10 s
-to copy plus 0.07 s to build from the copy (1,070 files; ``python -m experiments.bench_fab``),
-in every launch and every test that launches. :func:`stage_app` copies the app without the
-folders and files its ``.gitignore`` ignores, matched by Flower's own pattern code; Flower would
-have dropped each of them, so the FAB built from the copy is the same, byte for byte
-(tests/test_server_fab.py), and so is its hash, which devices may pin.
+to copy plus 0.07 s to build from the copy (1,070 files;
+``python -m experiments.benchmarks.bench_fab``), in every launch and every test that launches.
+:func:`stage_app` copies the app without the folders and files its ``.gitignore`` ignores,
+matched by Flower's own pattern code; Flower would have dropped each of them, so the FAB built
+from the copy is the same, byte for byte (tests/test_server_fab.py), and so is its hash, which
+devices may pin.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ progress line per finished configuration. ``--quick`` uses reduced settings (fiv
 cores an experiment's federations take up to about 45 minutes, ``all``'s about 4 h, which
 ``--jobs 2`` runs in about 1.5 h); without it the settings follow the papers (many hours).
 ``report`` regenerates ``docs/RESULTS.md`` from those folders; ``bench`` runs every benchmark
-and prints one table of ratios against their floors or anchors (`experiments.bench_suite`;
-``--quick``: a few minutes on 2 cores). From a clean clone::
+and prints one table of ratios against their floors or anchors
+(`experiments.benchmarks.bench_suite`; ``--quick``: a few minutes on 2 cores). From a clean clone::
 
     python -m experiments all --quick && python -m experiments report
 """
@@ -18,32 +18,17 @@ and prints one table of ratios against their floors or anchors (`experiments.ben
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from experiments.common import DEFAULT_CACHE, DEFAULT_ROOT, ENGINES, PROFILES, Context
-from experiments.runner import Experiment, run
+from experiments.core.common import DEFAULT_CACHE, DEFAULT_ROOT, ENGINES, PROFILES, Context
+from experiments.core.registry import EXPERIMENTS, load
+from experiments.core.runner import run
 
-#: Experiment name -> module (each declares ``EXPERIMENT``, an `experiments.runner.Experiment`),
-#: in the order ``all`` runs them.
-EXPERIMENTS: dict[str, str] = {
-    "synthetic-ablation": "experiments.synthetic_ablation",
-    "accuracy-vs-nu": "experiments.accuracy_vs_nu",
-    "leakage": "experiments.leakage",
-    "fairness": "experiments.fairness",
-    "personalized-budgets": "experiments.personalized_budgets",
-    "dlg": "experiments.dlg_audit",
-    "scale": "experiments.scale",
-    "empirical-privacy": "experiments.empirical_privacy",
-    "mia": "experiments.mia",
-    "small-federations": "experiments.small_federations",
-    "digits-server-update": "experiments.digits_server_update",
-    "rogue-devices": "experiments.rogue_devices",
-    "record-clipping": "experiments.record_clipping",
-}
+__all__ = ["COMMANDS", "EXPERIMENTS", "build_parser", "main", "run_experiment"]
+
 COMMANDS = (*EXPERIMENTS, "all", "report", "bench")
 
 
@@ -99,7 +84,7 @@ def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
                    timeout: float = 3600.0, stream: TextIO | None = None,
                    engine: str = "direct") -> list[dict[str, Any]]:
     """Run one experiment and write its outputs; return its rows."""
-    experiment: Experiment = importlib.import_module(EXPERIMENTS[name]).EXPERIMENT
+    experiment = load(name)
     ctx = Context(name=name, out=out, cache=cache, profile=profile, seeds=seeds, fresh=fresh,
                   data_path=data_path, timeout=timeout, stream=stream, engine=engine)
     started = time.monotonic()
@@ -119,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     profile = args.profile or ("quick" if args.quick else "full")
     if args.name == "bench":
-        from experiments.bench_suite import run_suite
+        from experiments.benchmarks.bench_suite import run_suite
 
         try:
             _, failed_benchmarks = run_suite(profile, args.only)
@@ -128,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 1 if failed_benchmarks else 0
     if args.name == "report":
-        from experiments.report import write_report
+        from experiments.core.report import write_report
 
         root = args.out or DEFAULT_ROOT
         path = write_report(root, args.doc)
@@ -142,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         root = None
         cache = args.cache or DEFAULT_CACHE
     if args.name == "all" and args.jobs != 1:
-        from experiments.jobs import experiment_command, run_jobs
+        from experiments.core.jobs import experiment_command, run_jobs
 
         assert root is not None
         options = [*(["--profile", profile] if args.profile else ["--quick"] if args.quick

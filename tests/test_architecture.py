@@ -77,6 +77,16 @@ def test_every_package_is_in_the_contract() -> None:
     assert sorted(name for layer in _layers() for name in layer) == sorted(PACKAGES)
 
 
+def test_every_private_module_below_experiments_is_forbidden_to_them() -> None:
+    # A private module (its name starts with one underscore) added to a package must join the
+    # contract that keeps experiments on the public API.
+    private = {f"{p.parent.name}.{p.stem}" for package in PACKAGES if package != "experiments"
+               for p in (ROOT / package).glob("_*.py")
+               if not p.stem.startswith("__")}
+    (contract,) = (c for c in CONTRACTS if c["id"] == "experiments-public")
+    assert private and set(contract["forbidden_modules"]) == private
+
+
 def test_the_real_imports_keep_the_contract() -> None:
     broken = {
         (a, b): forbidden_by_contract(a, b) for a, bs in real_arrows().items() for b in bs
@@ -105,8 +115,21 @@ def test_architecture_md_draws_the_contract_and_the_real_arrows() -> None:
         ("client/policy.py", "import deploy.cli", "Layers"),
         ("server/app.py", "import deploy.launcher", "Layers"),
         ("client/supernode.py", "import deploy.processes", "Layers"),
+        ("experiments/core/claims.py", "import mechanisms._numeric",
+         "experiments imports no private module"),
         ("tasks/base.py", "import experiments", "Layers"),
         ("strategies/norms.py", "import tasks", "strategies works on arrays"),
+        ("experiments/core/runner.py", "import experiments.audits.mia",
+         "experiments.core imports no experiment"),
+        ("experiments/core/report.py", "import experiments.cli",
+         "experiments.core imports no experiment"),
+        ("experiments/audits/rogue_devices.py",
+         "import experiments.reproductions.small_federations",
+         "reproductions, audits and benchmarks never import one another"),
+        ("experiments/benchmarks/bench_suite.py", "import experiments.audits.privacy_audit",
+         "reproductions, audits and benchmarks never import one another"),
+        ("experiments/reproductions/leakage.py", "import experiments.cli",
+         "No experiment imports the experiments' command line"),
     ],
 )
 def test_lint_imports_fails_on_a_forbidden_import(
@@ -126,3 +149,29 @@ def test_lint_imports_fails_on_a_forbidden_import(
     assert broken.returncode == 1, broken.stdout + broken.stderr
     report = broken.stdout.split("Broken contracts", 1)[-1]
     assert contract in report and module.removesuffix(".py").replace("/", ".") in report
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "package"),
+    [
+        ("experiments/core/tables.py", "import experiments.core.runner", "experiments.core"),
+        ("experiments/audits/privacy_report.py", "import experiments.audits.mia",
+         "experiments.audits"),
+        ("strategies/geometry.py", "import strategies.norms", "strategies"),
+    ],
+)
+def test_lint_imports_fails_on_an_import_cycle(
+    tmp_path: Path, module: str, line: str, package: str
+) -> None:
+    """The real ``lint-imports`` on a copy where a module imports back one that imports it."""
+    for name in PACKAGES:
+        shutil.copytree(ROOT / name, tmp_path / name,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    with (tmp_path / module).open("a") as f:
+        f.write(f"\n{line}  # a cycle\n")
+    lint = [str(LINT_IMPORTS), "--no-cache", "--no-logo"]
+    broken = subprocess.run(lint, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    report = broken.stdout.split("Broken contracts", 1)[-1]
+    assert f"No cycles are allowed in {package}." in report, report

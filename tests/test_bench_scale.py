@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.bench_scale import round_seconds
+from experiments.benchmarks.bench_scale import round_seconds
 
 
 def test_round_seconds_are_the_gaps_between_flowers_round_lines(tmp_path: Path) -> None:

@@ -11,8 +11,15 @@ import io
 
 import pytest
 
-from experiments import bench_release, bench_round, bench_sampling, bench_suite, cli
-from experiments.bench_suite import Benchmark, Result, markdown_tables, run_suite, suite_table
+from experiments import cli
+from experiments.benchmarks import bench_release, bench_round, bench_sampling, bench_suite
+from experiments.benchmarks.bench_suite import (
+    Benchmark,
+    Result,
+    markdown_tables,
+    run_suite,
+    suite_table,
+)
 
 
 def test_markdown_tables_reads_header_and_rows() -> None:
@@ -123,7 +130,7 @@ def test_run_suite_runs_the_benchmark_processes_and_reads_them() -> None:
 
 def test_a_failing_benchmark_is_reported_and_the_rest_run(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    broken = Benchmark("broken", "experiments.bench_fab",
+    broken = Benchmark("broken", "experiments.benchmarks.bench_fab",
                        {"smoke": ("--no-such-flag",), "quick": (), "full": ()},
                        bench_suite.fab_results)
     monkeypatch.setattr(bench_suite, "BENCHMARKS", (broken, bench_suite.BENCHMARKS[0]))

@@ -1,4 +1,4 @@
-"""The gradient-inversion attacks and the DLG audit (experiments.dlg, experiments.dlg_audit).
+"""The gradient-inversion attacks and the DLG audit (experiments.audits: dlg, dlg_audit).
 
 Metrics and the likelihood by hand, the attacker's closed-form gradients against autograd, the
 noise against the client's own mechanism, and the audit's shape on the smoke profile.
@@ -17,8 +17,8 @@ import torch
 from client.numpy_client import build_mechanism
 from client.policy import DevicePolicy
 from client.settings import ClientSettings
-from experiments import dlg, dlg_attacks, dlg_audit, dlg_objectives
-from experiments.dlg import (
+from experiments.audits import dlg, dlg_attacks, dlg_audit, dlg_objectives
+from experiments.audits.dlg import (
     CLIENT_DEFAULT_MODE,
     Effort,
     attack,
@@ -32,8 +32,8 @@ from experiments.dlg import (
     run_attacks,
     victim,
 )
-from experiments.dlg_audit import COLUMNS, check_profile, mse, psnr, ssim
-from experiments.dlg_report import STRONGEST, limits, paper_claims
+from experiments.audits.dlg_audit import COLUMNS, check_profile, mse, psnr, ssim
+from experiments.audits.dlg_report import STRONGEST, limits, paper_claims
 from settings import federation_defaults
 
 TINY = Effort(restarts=2, lbfgs_evals=20, adam_steps=30)

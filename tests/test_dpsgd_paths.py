@@ -179,7 +179,7 @@ def test_the_benchmark_runs_both_epochs_through_the_production_function(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import tasks.dpsgd as dpsgd
-    from experiments import bench_dpsgd
+    from experiments.benchmarks import bench_dpsgd
 
     calls: list[int] = []
     production = dpsgd.train_record_level

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from experiments.personalized_budgets_report import ours, readings, uniform_claims
+from experiments.reproductions.personalized_budgets_report import ours, readings, uniform_claims
 
 PANEL = "digits-iid-gaussian"
 

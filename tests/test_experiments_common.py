@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 import deploy.launcher
-from experiments import accuracy_vs_nu, cli, personalized_budgets, scale, synthetic_ablation
-from experiments.common import Context, FederationSpec, compact_summary
-from experiments.personalized_budgets import NONIID_BUDGETS
-from experiments.report import write_report
-from experiments.runner import Progress
-from experiments.scale import MemoryMonitor
-from experiments.tables import (
+from experiments import cli
+from experiments.benchmarks import scale
+from experiments.benchmarks.scale import MemoryMonitor
+from experiments.core.common import Context, FederationSpec, compact_summary
+from experiments.core.report import write_report
+from experiments.core.runner import Progress
+from experiments.core.tables import (
     best_entry,
     excludes_zero,
     mean_ci,
@@ -29,6 +29,8 @@ from experiments.tables import (
     verdict,
     write_csv,
 )
+from experiments.reproductions import accuracy_vs_nu, personalized_budgets, synthetic_ablation
+from experiments.reproductions.personalized_budgets import NONIID_BUDGETS
 from settings import AGGREGATIONS
 
 
@@ -331,7 +333,7 @@ def test_meta_keeps_the_runtime_of_the_invocation_that_ran_the_federations(
 
 
 def test_budget_aggregation_is_an_experiment_of_the_common_runner(tmp_path: Path) -> None:
-    from experiments import budget_aggregation as ba
+    from experiments.reproductions import budget_aggregation as ba
 
     ctx = Context(name=ba.NAME, out=tmp_path, cache=tmp_path / "_runs", seeds=[3])
     cells = ba.grid(ctx, rounds=4)
@@ -344,7 +346,7 @@ def test_budget_aggregation_is_an_experiment_of_the_common_runner(tmp_path: Path
 
 
 def test_the_report_keeps_the_sections_after_its_marker(tmp_path: Path) -> None:
-    from experiments.report import KEPT_MARKER
+    from experiments.core.report import KEPT_MARKER
 
     doc = tmp_path / "docs" / "RESULTS.md"
     doc.parent.mkdir()
@@ -358,8 +360,8 @@ def test_the_report_keeps_the_sections_after_its_marker(tmp_path: Path) -> None:
 
 
 def test_the_report_says_which_engine_ran_each_experiment_from_its_declaration() -> None:
-    from experiments.report import ORDER, _engines, _experiments
-    from experiments.runner import ENGINES
+    from experiments.core.report import ORDER, _engines, _experiments
+    from experiments.core.runner import ENGINES
 
     experiments = _experiments()
     text = _engines(experiments)
@@ -372,7 +374,7 @@ def test_the_report_says_which_engine_ran_each_experiment_from_its_declaration()
 
 
 def test_the_mia_verdict_reads_the_intervals() -> None:
-    from experiments.privacy_report import mia_verdict
+    from experiments.audits.privacy_report import mia_verdict
 
     # (mean, half-width, seeds) of noisy − shadow in AUC and TPR, and of the cost ratio.
     assert mia_verdict((0.0, 0.02, 5), (-0.01, 0.03, 5), (4.0, 1.0, 5)) == "reproduced"

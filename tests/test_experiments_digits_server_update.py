@@ -5,8 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from deploy.quickstart import ROBUST_CLUSTERS
-from experiments.common import Context
-from experiments.digits_server_update import TOLERANCE, UPDATES, grid, no_worse, section
+from experiments.core.common import Context
+from experiments.reproductions.digits_server_update import (
+    TOLERANCE,
+    UPDATES,
+    grid,
+    no_worse,
+    section,
+)
 
 
 def test_the_arms_of_a_seed_differ_only_in_the_update_or_the_aggregation(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import jobs
+from experiments.core import jobs
 
 SCRIPT = """
 import sys, time

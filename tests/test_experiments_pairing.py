@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from experiments.common import Context, FederationSpec
+from experiments.core.common import Context, FederationSpec
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import run_experiment
-from experiments.report import write_report
+from experiments.core.report import write_report
 
 pytestmark = [pytest.mark.slow]
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from experiments.audits.dlg_audit import ROW_KEYS
 from experiments.cli import run_experiment
-from experiments.dlg_audit import ROW_KEYS
 
 # ~7 minutes on 2 cores, part of the default run (and of CI).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -183,7 +183,7 @@ def test_dlg_reconstructs_at_small_nu_and_fails_at_large_nu(root: Path) -> None:
 
 @pytest.mark.timeout(60)
 def test_report_collects_every_experiment(root: Path, tmp_path: Path) -> None:
-    from experiments.report import write_report
+    from experiments.core.report import write_report
 
     doc = write_report(root, tmp_path / "RESULTS.md")
     text = doc.read_text()

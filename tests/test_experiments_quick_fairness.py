@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import scale
+from experiments.benchmarks import scale
 from tests.test_experiments_quick import _cell, _figures, _run, root
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

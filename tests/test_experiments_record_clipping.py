@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from experiments.cli import run_experiment
-from experiments.record_clipping import (
+from experiments.reproductions.record_clipping import (
     EXPERIMENT,
     PROFILES,
     calibrated_noise,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from experiments.audits.rogue_devices import COLUMNS, section
 from experiments.cli import run_experiment
-from experiments.rogue_devices import COLUMNS, section
-from experiments.tables import read_csv
+from experiments.core.tables import read_csv
 
 
 def test_smoke_profile_runs_each_arm_with_and_without_a_rogue_and_reuses_its_cache(

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import run_experiment
-from experiments.small_federations import COLUMNS, section, wilson
-from experiments.tables import read_csv
+from experiments.core.tables import read_csv
+from experiments.reproductions.small_federations import COLUMNS, section, wilson
 
 
 def test_wilson_intervals_by_hand() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from deploy.launcher import launch
-from experiments.tabular_seeds import RUN, device_nodes, write_files
+from experiments.reproductions.tabular_seeds import RUN, device_nodes, write_files
 from mechanisms import PrivacyLedger, RecordLevelEvent
 from mechanisms.record_accounting import record_epsilon
 from tests.conftest import flower_processes

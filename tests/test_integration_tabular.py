@@ -18,7 +18,13 @@ from typing import Any
 import pytest
 
 from deploy.launcher import Federation, project_root, stream_lines
-from experiments.tabular_seeds import POLICY, RUN, device_nodes, held_out_accuracy, write_files
+from experiments.reproductions.tabular_seeds import (
+    POLICY,
+    RUN,
+    device_nodes,
+    held_out_accuracy,
+    write_files,
+)
 from tests.conftest import close_federation, descendants, ledger_spend, write_task_plugin
 
 pytestmark = pytest.mark.integration
@@ -26,8 +32,8 @@ pytestmark = pytest.mark.integration
 NAMES = tuple(f"client-{i}" for i in range(4))
 SEED = 0
 #: Held-out accuracy must beat the majority-class rate by this much. Over 5 seeds
-#: (`python -m experiments.tabular_seeds`, docs/TASKS.md) the margin was +0.265 at the least
-#: (mean +0.305); seed 0's run, this test's, is +0.300.
+#: (`python -m experiments.reproductions.tabular_seeds`, docs/TASKS.md) the margin was +0.265 at the
+#: least (mean +0.305); seed 0's run, this test's, is +0.300.
 MARGIN = 0.15
 #: A task only the server has installed: a package's metadata on the SuperLink's path alone.
 SERVER_ONLY = "server-only-linear"

@@ -1,6 +1,6 @@
 """The low-bit regression test: no release's last bits may tell two inputs apart beyond the charge.
 
-Each audit (`experiments.lowbit_audit`) resolves a device's settings from a run config and
+Each audit (`experiments.audits.lowbit_audit`) resolves a device's settings from a run config and
 a policy, plans the release from a float64 hypothesis (`client.release.plan_release`), makes
 every release through `client.release.make_release` (the mechanism's exact release on its
 grid, the float32 cast, the release invariant), and reads the releases' unrounded low bits:
@@ -24,8 +24,8 @@ presence could depend on whether the model lies on the grid, stays within the in
 stated refusal probability (a grid of a sixteenth of the scale refused 2-3 % of one-parameter
 releases, and only when the model lay on the grid: this audit bounded those pairs' ε at
 1.5-1.7 against 0.31). DP-SGD
-(`client.record_release.release_record` on `experiments.record_audit`'s canary records, q = 1,
-T = 1, ν = 1, δ = 0.01, add/remove and replace-one): 2,000 canary slots per input (20 releases
+(`client.record_release.release_record` on `experiments.audits.record_audit`'s canary records, q =
+1, T = 1, ν = 1, δ = 0.01, add/remove and replace-one): 2,000 canary slots per input (20 releases
 of 100 slots; the released weights of each slot's column, exactly 0 in the hypothesis), the
 same features and split, against the ledger's record-level ε (2.75 and 6.93); the same 5 %.
 
@@ -40,8 +40,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments import lowbit_audit as la
-from experiments import record_audit as ra
+from experiments.audits import lowbit_audit as la
+from experiments.audits import record_audit as ra
 
 TRIALS = 4_000
 PAIRS = ("zero/2^-7", "binade/2^-7")
@@ -77,7 +77,7 @@ def test_a_float_unsafe_release_is_caught(scenario: la.LowbitScenario) -> None:
     assert result.feature.split()[0] in ("valuation", "tz", "member")
 
 
-#: DP-SGD: one canary slot per trial, 100 slots per release (`experiments.record_audit`).
+#: DP-SGD: one canary slot per trial, 100 slots per release (`experiments.audits.record_audit`).
 RECORD_TRIALS = 2_000
 
 

@@ -2,7 +2,7 @@
 
 Each audit makes every release of the real mechanism object through the device's own path,
 `client.release.make_release` (the exact release on its public grid, the float32 cast, the
-release invariant), on two neighbouring inputs (`experiments.privacy_audit`), bounds ε from
+release invariant), on two neighbouring inputs (`experiments.audits.privacy_audit`), bounds ε from
 below with a likelihood-ratio threshold test chosen on one half of the releases and counted on
 the other, with Clopper–Pearson bounds at 95 % confidence, and compares the bound with what a
 real `mechanisms.PrivacyLedger` charges. The scores are not rounded: the test may read any bit
@@ -21,7 +21,7 @@ rates say how likely a different seed or RNG stream is to fail a correct mechani
   ε is 0.35), so for the Gaussian, as for Laplace, a correct mechanism fails with probability at
   most 5 % by construction (under RDP's charge of 1.0 it needed the test to overshoot the truth by
   0.19); for the sign far below 5 %.
-* DP-SGD (`experiments.record_audit`: the device's own record-level path on crafted canary
+* DP-SGD (`experiments.audits.record_audit`: the device's own record-level path on crafted canary
   records, q = 1, T = 1, ν = 1, δ = 0.01), 10,000 canary slots per input (100 releases of 100
   slots): the charge is 2.75 (add/remove) or 6.93 (replace-one) against the law's exact 2.32 and
   6.00, and the seeded bounds are 1.62 and 3.83. A correct trainer fails it with probability far
@@ -31,7 +31,7 @@ rates say how likely a different seed or RNG stream is to fail a correct mechani
 
 The second half of the file injects the errors the test exists for (a halved noise scale, a
 hypothesis choice left out of σ, an unclipped update, each with the release invariant switched
-off, `experiments.privacy_audit.release_check_off`, since it refuses some of them itself; for
+off, `experiments.audits.privacy_audit.release_check_off`, since it refuses some of them itself; for
 DP-SGD a halved noise multiplier, a replace-one release charged as add/remove, and a choice made
 without noise and not charged: bounds 3.83, 3.83 and 3.27 against a charge of 2.75) and
 requires the audit to catch each, so
@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experiments import privacy_audit as pa
-from experiments import record_audit as ra
+from experiments.audits import privacy_audit as pa
+from experiments.audits import record_audit as ra
 from mechanisms import GaussianMechanism, RecordLevelEvent
 from mechanisms import laplace as laplace_module
 from mechanisms.gaussian import _ClippedGaussianBase
@@ -129,7 +129,7 @@ def test_an_uncharged_hypothesis_choice_is_caught(monkeypatch: pytest.MonkeyPatc
 
 def test_a_sign_release_of_an_unclipped_update_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     # A 2x error in the sign's σ cannot show (its own ε stays below the Gaussian charge, see
-    # `experiments.privacy_audit.sign`); an update that escapes clipping does.
+    # `experiments.audits.privacy_audit.sign`); an update that escapes clipping does.
     monkeypatch.setattr("mechanisms.gaussian.clip_l2", lambda arrays, c: list(arrays))
     scenario = dataclasses.replace(pa.sign(1.0, delta=DELTA),
                                    a=([np.zeros(1)], [np.full(1, -10.0)]),

@@ -1,6 +1,6 @@
 """docs/RESULTS.md is what its committed raw files give, number for number.
 
-`experiments.report.render` writes the report from ``docs/results/<experiment>/results.csv``
+`experiments.core.report.render` writes the report from ``docs/results/<experiment>/results.csv``
 and ``meta.json`` alone; a section whose raw files are not committed is kept from the previous
 report and marked as not regenerated (listed by `test_sections_not_regenerated_are_marked`).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.report import ORDER, RAW_DIR, not_regenerated, render
+from experiments.core.report import ORDER, RAW_DIR, not_regenerated, render
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DOC = DOCS / "RESULTS.md"
@@ -131,7 +131,7 @@ def test_sections_not_regenerated_are_marked_and_listed_here() -> None:
 
 def test_the_committed_commands_name_no_folder_of_the_machine_that_ran_them() -> None:
     # meta.json's command is how to rerun an experiment; the folders it wrote to were that
-    # machine's and are left out (experiments.common), so anyone can run it as it stands.
+    # machine's and are left out (experiments.core.common), so anyone can run it as it stands.
     for meta in sorted(RAW.glob("*/meta.json")):
         command = json.loads(meta.read_text())["command"]
         assert command.startswith("python -m experiments "), (meta, command)

@@ -85,7 +85,7 @@ def test_an_app_without_gitignore_is_handed_over_as_it_is(tmp_path: Path) -> Non
 
 def test_the_benchmark_builds_both_ways_and_finds_them_equal(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from experiments import bench_fab
+    from experiments.benchmarks import bench_fab
 
     bench_fab.main(["--app", str(make_app(tmp_path / "src"))])
     out = capsys.readouterr().out

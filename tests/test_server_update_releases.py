@@ -2,7 +2,8 @@
 
 Four real :class:`client.numpy_client.GpflClient` devices (own policy, own ledger on disk,
 seeded Laplace noise at ν = 5) and the ServerApp's strategy, played as Flower's ``Server.fit``
-plays them (the in-process loop of ``experiments.small_federations``). The test checks that
+plays them (the in-process loop of ``experiments.reproductions.small_federations``). The test checks
+that
 
 * each round sends each device exactly one instruction, with the papers' config (the server
   hypotheses, ``num-hypotheses`` and ``server-round``; nothing new), and the strategy talks to
@@ -19,8 +20,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from experiments.small_federations import (
-    Manager,
+from experiments.core.in_process import Manager
+from experiments.reproductions.small_federations import (
     build_clients,
     build_strategy,
     play_round,

@@ -23,7 +23,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from scipy import stats
 
-from experiments.bench_aggregate import NodeProxy
+from experiments.core.in_process import NodeProxy
 from strategies import ClusteredStrategy, RoundRecord
 
 F32 = np.float32

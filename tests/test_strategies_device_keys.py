@@ -6,7 +6,7 @@ import numpy as np
 from flwr.common import Code, GetPropertiesRes, Status
 from scipy import stats
 
-from experiments.bench_aggregate import NodeProxy
+from experiments.core.in_process import NodeProxy
 from strategies.device_keys import DeviceKeys, draw_priority, lowest_priorities
 from strategies.sampling import sample_devices
 from tests.test_strategies_clustered import FakeManager, hyp, make

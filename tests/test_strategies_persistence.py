@@ -1,6 +1,6 @@
 """The persistence test: honest noise averages out over rounds, a push does not.
 
-Seeded statistical tests on synthetic residuals (no federation); experiments/rogue_devices.py
+Seeded statistical tests on synthetic residuals (no federation); experiments/audits/rogue_devices.py
 measures the test against an adaptive rogue in federations of real clients.
 """
 

@@ -1,6 +1,6 @@
 """Robust cluster aggregators (strategies.robust) and the screening a rogue cannot inflate.
 
-The adaptive rogue of experiments/rogue_devices.py sends, each round, the largest release the
+The adaptive rogue of experiments/audits/rogue_devices.py sends, each round, the largest release the
 screening accepts; these tests check what one such release does, in process, per round.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.rogue_devices import largest_accepted
+from experiments.audits.rogue_devices import largest_accepted
 from strategies import ClusteredStrategy
 from strategies.norms import NormLimits, screen_norms
 from strategies.robust import cluster_radius, robust_cluster_aggregates, trimmed

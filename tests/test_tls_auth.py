@@ -1,7 +1,7 @@
 """TLS and SuperNode authentication with real Flower processes.
 
 A SuperLink and three SuperNodes on this machine run Flower's own FedAvg app
-(``experiments/fedavg_baseline``, Flower + NumPy only) for two rounds:
+(``experiments/benchmarks/fedavg_baseline``, Flower + NumPy only) for two rounds:
 
 * every connection encrypted: the run finishes;
 * one SuperNode trusts the wrong CA: its TLS handshake fails, it is never part
@@ -29,7 +29,7 @@ from deploy.launcher import Federation, stream_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-APP = Path(__file__).resolve().parent.parent / "experiments" / "fedavg_baseline"
+APP = Path(__file__).resolve().parent.parent / "experiments" / "benchmarks" / "fedavg_baseline"
 ROUNDS = 2
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: what gpfl's parts and rounds cost against Flower's own and against floors."""

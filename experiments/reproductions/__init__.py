@@ -1,0 +1,1 @@
+"""The papers' experiments reproduced on gpfl: accuracy, leakage, fairness, budgets, updates."""
