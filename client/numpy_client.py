@@ -354,7 +354,9 @@ class GpflClient(NumPyClient):
         # mechanism, the cost, from public numbers) and the device's own budget state. The
         # hypothesis the device picked is not in it: the reply does not carry the choice (it
         # is made with the private loss), so neither does the log.
-        logger.info("%sserved: %d hypotheses, %s", line, len(hypotheses), charged)
+        k = len(hypotheses)
+        logger.info("%sserved: %d %s, %s", line, k, "hypothesis" if k == 1 else "hypotheses",
+                    charged)
         return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
 
     def _public_shapes(self) -> list[tuple[int, ...]] | None:
