@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from flwr.client import NumPyClient
 
+from client.device_budget import budget_text, family_of
 from client.policy import DevicePolicy, PolicyDecline
 from client.record_release import RecordPlan, plan_record_release, release_record
 from client.release import (
@@ -56,6 +57,7 @@ from client.settings import ClientSettings
 from mechanisms import (
     BudgetExceededError,
     LedgerCorruptError,
+    PrivacyEvent,
     PrivacyLedger,
     Spend,
     device_rng,
@@ -138,6 +140,53 @@ def federation_key(config: dict[str, Any], run_id: int | None) -> str:
     if isinstance(given, str) and _FEDERATION_ID.fullmatch(given):
         return given
     return f"run-{run_id}" if run_id is not None else "run-unknown"
+
+
+def round_prefix(run_id: int | None, server_round: int, federation: str, name: str) -> str:
+    """Return the start of the device's line for one round: ``gpfl device: run R round T ...``.
+
+    Every round a device serves logs one line that starts so (a release, a decline or a
+    failure), so that its owner can follow the device with ``grep 'gpfl device:'``. It names
+    only what the server sent (run, round, federation) and the device's own name.
+    """
+    run = "unknown" if run_id is None else str(run_id)
+    return f"gpfl device: run {run} round {server_round} federation {federation}: {name} "
+
+
+def charge_text(
+    mechanism: str, family: str, *, cost: float, spent: float, cap: float | None,
+    delta: float, verb: str = "charged",
+) -> str:
+    """Return what a charge costs and leaves, e.g. ``laplace release charged 0.4 d-privacy (...)``.
+
+    Parameters
+    ----------
+    mechanism : str
+        The mechanism applied.
+    family : str
+        The charged event's family (it names the unit).
+    cost : float
+        The release's cost in its family's unit: what the family's spend grows by.
+    spent : float
+        The family's lifetime spend on the device (what the cap bounds, not a federation's
+        share) after the charge, or, for a refused one, as it stays.
+    cap : float or None
+        The cap applied to the family in this round.
+    delta : float
+        The ledger's δ, at which the ε of the Gaussian and record-level families is stated.
+    verb : str
+        ``charged``, or ``would cost`` for a release the cap refused.
+    """
+    unit = family_of(family)
+    if unit is None:  # mechanism none: no noise, so no unit and no cap
+        return f"{mechanism} release {verb} no budget (no noise: no guarantee, no cap)"
+    return (f"{mechanism} release {verb} {cost:.6g} {unit.unit(delta)} "
+            f"({budget_text(spent, cap)})")
+
+
+def _one_line(text: object) -> str:
+    # A reason or an error text may span lines; the round's line must stay one line.
+    return " ".join(str(text).split())
 
 
 def spend_metrics(spend: Spend) -> dict[str, float | int]:
@@ -227,6 +276,8 @@ class GpflClient(NumPyClient):
         server_round = config.get("server-round", 0)
         if isinstance(server_round, bool) or not isinstance(server_round, int) or server_round < 0:
             raise InstructionError(f"server-round must be an integer >= 0, got {server_round!r}")
+        federation = federation_key(config, self.run_id)
+        line = round_prefix(self.run_id, server_round, federation, self.policy.client_name)
         try:
             s = ClientSettings.resolve(self.run_config, self.policy)
             hypotheses = check_instruction(parameters, config, max_abs=s.max_parameter,
@@ -239,13 +290,13 @@ class GpflClient(NumPyClient):
             else:
                 plan = plan_release(s.privacy, hypotheses, max_abs=s.max_parameter)
         except PolicyDecline as decline:
-            logger.warning("%s declines: %s", self.policy.client_name, decline)
+            logger.warning("%sdeclines (policy): %s; nothing charged", line, _one_line(decline))
             return self._decline(str(decline), "policy", None)
         problem = self._preflight(s)
         if problem is not None:
             # The message may name the file and its columns: it stays on the device.
-            logger.warning("%s declines round %d (nothing charged): %s", s.name, server_round,
-                           problem)
+            logger.warning("%sdeclines (task-data): %s; nothing charged", line,
+                           _one_line(problem))
             return self._decline(TASK_DATA_DECLINED, "task-data", None)
         if not self.policy["data-path"]:
             # No device file to read: building the task is public (its data is generated from
@@ -254,28 +305,39 @@ class GpflClient(NumPyClient):
             check_shapes(hypotheses, self.task)
             self.task.check_partition(s.partition_id, s.num_partitions)
             if isinstance(plan, RecordPlan) and not _record_capable(self.task):
-                return self._decline("declined: task does not support mechanism dpsgd (it "
-                                     "needs a torch classifier with a cross-entropy loss)",
-                                     "policy", None)
-        federation = federation_key(config, self.run_id)
+                reason = ("declined: task does not support mechanism dpsgd (it needs a torch "
+                          "classifier with a cross-entropy loss)")
+                logger.warning("%sdeclines (policy): %s; nothing charged", line, reason)
+                return self._decline(reason, "policy", None)
         base: dict[str, Any] = {"mechanism": s.privacy.mechanism, "client-name": s.name,
                                 "relation": plan.event.relation, **plan.metrics}
+        family = plan.event.family
+        cap = s.privacy.cap(family)
+        delta = s.privacy.ledger_delta
         try:
             # Opening the ledger reads and validates it: a corrupt or vanished ledger stops
             # the client here, before it trains or releases anything.
-            ledger = PrivacyLedger(s.ledger_path, delta=s.privacy.ledger_delta)
+            ledger = PrivacyLedger(s.ledger_path, delta=delta)
+            # The (ε, δ) families compose: a release's cost is what it adds to the spend, so
+            # the spend before it is read for the round's line (d-privacy costs simply add).
+            before = ledger.spent() if family in ("rdp", "record") else None
             # Charged (and on disk) before any private data is read.
-            lifetime = ledger.charge(plan.event, cap=s.privacy.cap(plan.event.family),
-                                     round=server_round, federation=federation)
+            lifetime = ledger.charge(plan.event, cap=cap, round=server_round,
+                                     federation=federation)
         except LedgerCorruptError:
-            logger.exception("%s: the privacy ledger is unusable; nothing is released", s.name)
+            logger.exception("%sfailed (ledger): the privacy ledger is unusable; nothing "
+                             "charged or released", line)
             raise ReleaseFailedError(s.name, "ledger") from None
         except BudgetExceededError as err:
             ledger.record_decline()
-            logger.warning("%s declines round %d: %s", s.name, server_round, err)
+            logger.warning("%sdeclines (budget): a %s; nothing charged", line, charge_text(
+                s.privacy.mechanism, family, cost=err.cost, spent=err.spent, cap=err.cap,
+                delta=delta, verb="would cost"))
             reason = f"the next release would pass this device's {plan.event.family} cap"
             _, _, metrics = self._decline(reason, "budget", ledger.spent(federation=federation))
             return [], 1, {**base, **metrics}
+        charged = _charged(s.privacy.mechanism, plan.event, before, lifetime, cap=cap,
+                           delta=delta)
         extra: dict[str, float] = {}
         try:
             if isinstance(plan, RecordPlan):
@@ -286,8 +348,15 @@ class GpflClient(NumPyClient):
         except Exception:
             # Charged, and private data was in use: the text of any error could carry it. The
             # device keeps the details; the server learns only that the round failed.
-            logger.exception("%s: round %d failed (charged)", s.name, server_round)
+            logger.exception("%sfailed (charged): %s; nothing released", line, charged)
             raise ReleaseFailedError(s.name, "release") from None
+        # The device's one line for the round: only what the reply tells the server (k, the
+        # mechanism, the cost, from public numbers) and the device's own budget state. The
+        # hypothesis the device picked is not in it: the reply does not carry the choice (it
+        # is made with the private loss), so neither does the log.
+        k = len(hypotheses)
+        logger.info("%sserved: %d %s, %s", line, k, "hypothesis" if k == 1 else "hypotheses",
+                    charged)
         return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
 
     def _public_shapes(self) -> list[tuple[int, ...]] | None:
@@ -380,6 +449,23 @@ class GpflClient(NumPyClient):
         """
         logger.info("%s: evaluate refused (a local loss is private)", self.policy.client_name)
         return 0.0, 0, {"client-name": self.policy.client_name, "refused": 1}
+
+
+def _charged(
+    mechanism: str, event: PrivacyEvent, before: Spend | None, after: Spend, *,
+    cap: float | None, delta: float,
+) -> str:
+    """Return :func:`charge_text` of a charge the ledger made (``before``: (ε, δ) families)."""
+    family = family_of(event.family)
+    if family is None:
+        return charge_text(mechanism, event.family, cost=0.0, spent=0.0, cap=cap, delta=delta)
+    if before is None:
+        # d-privacy: the costs add, and this release's is its event's.
+        cost = float(getattr(event, "cost", 0.0))
+    else:
+        cost = family.spent(after) - family.spent(before)
+    return charge_text(mechanism, event.family, cost=cost, spent=family.spent(after), cap=cap,
+                       delta=delta)
 
 
 def _record_capable(task: Any) -> bool:

@@ -108,12 +108,28 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def _ledger(args: argparse.Namespace) -> int:
-    from client.ledger_view import format_ledger
+    import json
+
+    from client.ledger_view import format_ledger_report, ledger_report
+    from client.policy import DevicePolicy, PolicyError
     from mechanisms import LedgerCorruptError
 
+    node_config = parse_pairs(args.node_config, "--node-config") if args.node_config else {}
+    if args.policy:
+        if node_config.get("policy-file"):
+            raise SystemExit("gpfl: give the policy file once: --policy or --node-config's "
+                             "policy-file, not both")
+        node_config["policy-file"] = args.policy
     try:
-        print(format_ledger(Path(args.path)))
-    except (LedgerCorruptError, FileNotFoundError) as err:
+        # The device's own reading of its settings; the environment's $GPFL_POLICY is not
+        # read, so that the caps shown are the ones named on this command line.
+        policy = (DevicePolicy.load(node_config, environ={})
+                  if args.policy or args.node_config else None)
+        if args.json:
+            print(json.dumps(ledger_report(Path(args.path), policy=policy), indent=2))
+        else:
+            print(format_ledger_report(Path(args.path), policy=policy))
+    except (LedgerCorruptError, FileNotFoundError, PolicyError) as err:
         print(f"gpfl: {err}", file=sys.stderr)
         return 1
     return 0
@@ -267,8 +283,21 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(p)
     p.set_defaults(func=_supernode)
 
-    p = sub.add_parser("ledger", help="print a client's privacy ledger")
+    p = sub.add_parser(
+        "ledger", help="print a client's privacy ledger, its caps and what is left",
+        description="Print a device's privacy ledger: every release, the totals, each cap "
+                    "with the spend in its unit and what is left, and the federations (runs) "
+                    "the releases were made for. The ledger file holds no caps: they are the "
+                    "device's settings, read from --policy / --node-config as gpfl supernode "
+                    "reads them; without either, the defaults of a device without a policy.")
     p.add_argument("path", help="the ledger file (e.g. runs/<run>/ledgers/client-0.json)")
+    p.add_argument("--policy", metavar="FILE.toml",
+                   help="the device's policy file (its policy-file), for its caps and delta")
+    p.add_argument("--node-config", default="", metavar='"k=v ..." | FILE.toml',
+                   help="the device's node config, as given to gpfl supernode (its keys "
+                        "override the policy file's)")
+    p.add_argument("--json", action="store_true",
+                   help="print the same as JSON (releases, spend, caps, remaining, federations)")
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser("plot", help="draw figure.png of a run directory")

@@ -100,7 +100,10 @@ def _check_settings(args: argparse.Namespace) -> None:
     else:  # gpfl launch: INDEX:pairs, repeatable
         for node in parse_node_configs(node_config).values():
             check_node_config(node)
-    for text in getattr(args, "policy", None) or []:
+    policy = getattr(args, "policy", None) or []
+    if isinstance(policy, str):  # gpfl ledger: one device's policy file
+        policy = [policy]
+    for text in policy:
         if not text.endswith(".toml"):
             check_node_config(parse_pairs(text, "--policy"), source="policy")
 

@@ -528,3 +528,111 @@ def test_format_ledger_without_a_file_says_so(tmp_path: Path) -> None:
         format_ledger(tmp_path / "missing.json")
     with pytest.raises(FileNotFoundError, match="not a file"):
         format_ledger(tmp_path)
+
+
+# -- gpfl ledger: caps, what is left, federations ----------------------------------------------
+
+
+def gpfl_ledger(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """Run ``gpfl ledger ARGV`` in this process; return its exit status, stdout and stderr."""
+    from deploy.cli import main
+
+    status = main(["ledger", *argv])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def charged_ledger(path: Path) -> PrivacyLedger:
+    """A ledger of two federations' releases (d-privacy and Gaussian) and an untagged one."""
+    ledger = PrivacyLedger(path, delta=1e-6)
+    ledger.charge(metric(0.4), cap=None, round=1, federation="fed-a")
+    ledger.charge(metric(0.4), cap=None, round=2, federation="fed-a")
+    ledger.charge(GaussianReleaseEvent(8.0), cap=None, round=4, federation="fed-b")
+    ledger.charge(metric(0.2), cap=None)
+    ledger.record_decline()
+    return ledger
+
+
+def test_gpfl_ledger_json_gives_the_caps_what_is_left_and_the_spend_of_the_file(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: the device's policy file and a node-config key over it, as gpfl supernode
+    # takes them.
+    spend = charged_ledger(path).spent()
+    policy = tmp_path / "policy.toml"
+    policy.write_text('cap-d-privacy = 2.0\ncap-epsilon = 4.0\ndelta = 1e-6\n'
+                      f'ledger-path = "{path}"\n')
+
+    # Execute
+    status, out, err = gpfl_ledger([str(path), "--policy", str(policy), "--node-config",
+                                    "cap-epsilon=3", "--json"], capsys)
+
+    # Assert: the caps are the device's (the node config over the file), at its δ; the spend
+    # is the ledger's own composition; what is left is cap - spent.
+    assert status == 0, err
+    report = json.loads(out)
+    assert report["delta"] == 1e-6
+    assert (report["releases"], report["declines"]) == (spend.releases, spend.declines)
+    assert report["spent"]["d-privacy"] == spend.d_privacy
+    assert report["spent"]["epsilon"] == spend.epsilon
+    assert report["caps"]["given"] is True and "policy file" in report["caps"]["source"]
+    assert report["caps"]["policy-ledger"] == str(path)
+    budgets = {b["cap-setting"]: b for b in report["budgets"]}
+    assert {k: (b["cap"], b["spent"], b["remaining"]) for k, b in budgets.items()} == {
+        "cap-d-privacy": (2.0, spend.d_privacy, 2.0 - spend.d_privacy),
+        "cap-epsilon": (3.0, spend.epsilon, 3.0 - spend.epsilon),
+        "cap-record-epsilon": (10.0, 0.0, 10.0),
+    }
+    assert budgets["cap-epsilon"]["unit"] == "epsilon at delta=1e-06"
+    # The federations the entries were tagged with, in the order of their first release.
+    feds = [(f["federation"], f["releases"], f["first-round"], f["last-round"])
+            for f in report["federations"]]
+    assert feds == [("fed-a", 2, 1, 2), ("fed-b", 1, 4, 4), (None, 1, None, None)]
+    assert report["federations"][0]["spent"]["d-privacy"] == pytest.approx(0.8)
+    assert [e["federation"] for e in report["entries"]] == ["fed-a", "fed-a", "fed-b", None]
+
+
+def test_gpfl_ledger_text_names_the_caps_and_says_when_they_are_the_defaults(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare
+    spend = charged_ledger(path).spent()
+
+    # Execute
+    status, out, _ = gpfl_ledger([str(path)], capsys)
+
+    # Assert: the table and totals as before, then the caps (the declared defaults: the file
+    # holds none), each with what is left, then the federations.
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0] == f"privacy ledger {path}"
+    assert "releases: 4   declines: 1" in lines
+    assert any(line.startswith("caps from device defaults: the ledger file holds no caps")
+               for line in lines)
+    assert f"cap-d-privacy = 50 d-privacy (Laplace releases, the sum of epsilon*r): spent " \
+           f"{spend.d_privacy:.6g}, {50 - spend.d_privacy:.6g} left" in lines
+    assert any(line.startswith("cap-epsilon = 10 epsilon at delta=1e-06 ") for line in lines)
+    assert any(line.startswith("cap-record-epsilon = 10 ") for line in lines)
+    assert "federations the releases were made for: 3" in lines
+    assert any(line.startswith("  fed-a: 2 releases, rounds 1-2, ") for line in lines)
+
+
+def test_gpfl_ledger_stops_on_a_corrupt_ledger_or_bad_settings(
+    path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+
+    # Execute / Assert: a clear error and status 1, in text and in JSON; nothing printed.
+    for extra in ([], ["--json"]):
+        status, out, err = gpfl_ledger([str(path), *extra], capsys)
+        assert (status, out) == (1, "")
+        assert err.startswith("gpfl: ") and str(path) in err and "will not be reset" in err
+    charged_ledger(tmp_path / "good.json")
+    status, out, err = gpfl_ledger([str(tmp_path / "good.json"), "--node-config",
+                                    "cap-epsilon=-3"], capsys)
+    assert (status, out) == (1, "") and "cap-epsilon" in err
+    status, _, err = gpfl_ledger([str(tmp_path / "good.json"), "--policy",
+                                  str(tmp_path / "missing.toml")], capsys)
+    assert status == 1 and "does not exist" in err
