@@ -277,7 +277,25 @@ def wait_until_listening(address: str, timeout: float = RUNTIME_WAIT_S,
     return time.monotonic() - started
 
 
+#: The signals that stop the executor: its runner's SIGTERM, SIGINT (Flower's parent monitor
+#: raises it when the runner is gone), SIGHUP.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """Stop the executor on the first stop signal, and ignore any that follows.
+
+    A stopping device is often signalled twice: the launcher signals every process of the
+    device's tree and the runner then signals the executor's group. A second ``SystemExit``
+    raised while the first unwinds lands in the interpreter's shutdown (torch's exit handlers,
+    the threading module's) and is printed there as a traceback ending ``SystemExit: 143``.
+    So the first signal disarms the handler before it ends the process; the runner, which
+    started the executor, says in its log that the device stopped on the signal, and the exit
+    status (128 + the signal) says it to anyone else. ``SystemExit`` rather than an
+    ``Exception``: no ``except Exception`` in a task's code may turn a stop into a reply.
+    """
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
@@ -300,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # One line per Runtime API request (5 polls a second) would drown the device's log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    signal.signal(signal.SIGTERM, _exit_on_signal)
+    for s in STOP_SIGNALS:
+        signal.signal(s, _exit_on_signal)
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)
     insecure = args.root_certificates is None
@@ -317,12 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     logger.info("the SuperNode's Runtime API %s %s after %.1f s", args.runtime_api_address,
                 "did not answer (Flower's retry goes on)" if waited >= RUNTIME_WAIT_S
                 else "answered", waited)
-    try:
-        if args.wake_fd is not None:
-            os.set_blocking(args.wake_fd, False)
-        serve(conn, pin, poll_interval=args.poll_interval, client_app=app, wake_fd=args.wake_fd)
-    except KeyboardInterrupt:
-        return 130
+    if args.wake_fd is not None:
+        os.set_blocking(args.wake_fd, False)
+    serve(conn, pin, poll_interval=args.poll_interval, client_app=app, wake_fd=args.wake_fd)
     return 0
 
 

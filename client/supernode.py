@@ -22,7 +22,8 @@ again (every few seconds, for that window): a device restarted after a crash kee
 Flower 1.39 refuses that key's activation while its dead registration is still online, then
 accepts it under the same node id (:mod:`strategies.identity`). A key the SuperLink does not
 know is therefore refused for about a minute before the runner gives up. On SIGTERM, SIGINT or
-SIGHUP (and on any exit) it stops both, each by its process group; each child is also told by
+SIGHUP (and on any exit) it stops both, each by its process group, and says so in one line
+(the executor ends quietly: :func:`client.executor._exit_on_signal`); each child is also told by
 the kernel to stop if the runner dies without cleaning up (``PR_SET_PDEATHSIG``). Nothing is
 stopped by name.
 
@@ -50,7 +51,8 @@ from client import fleet_poll
 from client.process_tree import child_env, terminate_tree
 
 __all__ = ["StopSignal", "add_arguments", "executor_argv", "parse_node_config",
-           "raise_stop_signal", "run", "start_child", "stop_child", "supernode_argv"]
+           "raise_stop_signal", "run", "start_child", "stop_child", "stopped_line",
+           "supernode_argv"]
 
 #: The port of the SuperNode's Runtime API when none is given (Flower's default).
 DEFAULT_PORT = 9094
@@ -119,7 +121,7 @@ def check_device(node_config: dict[str, Any]) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add ``gpfl supernode``'s options to a (sub)parser."""
     p.add_argument("--superlink", default="127.0.0.1:9092",
-                   help="the SuperLink's Fleet API (gRPC), HOST:PORT (default 127.0.0.1:9092)")
+                   help="the SuperLink's Fleet API (gRPC), HOST:PORT")
     sec = p.add_mutually_exclusive_group()
     sec.add_argument("--insecure", action="store_true",
                      help="connect to the SuperLink without TLS (tests, a local federation)")
@@ -133,20 +135,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the device's settings (partition-id, policy-file, caps, ...; see "
                         "docs/SETTINGS.md); checked before anything starts")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
-                   help=f"the SuperNode's local Runtime API port (default {DEFAULT_PORT}); one "
-                        "per SuperNode on a host")
+                   help="the SuperNode's local Runtime API port, one per SuperNode on a host")
     p.add_argument("--poll-interval", type=float, default=None,
                    help="seconds between the executor's polls for a task when idle; the "
                         "SuperNode wakes it when a task arrives, so this is a fallback "
                         "(default: the executor's, 5 s; Flower's SuperExec: 1 s)")
     p.add_argument("--fleet-poll-interval", type=float, default=fleet_poll.DEFAULT_INTERVAL,
                    metavar="S", help="seconds between the SuperNode's polls of the SuperLink when "
-                   f"idle, in [{fleet_poll.MIN_INTERVAL}, {fleet_poll.MAX_INTERVAL:g}] (default "
+                   f"idle, in [{fleet_poll.MIN_INTERVAL}, {fleet_poll.MAX_INTERVAL:g}] (default: "
                    f"{fleet_poll.DEFAULT_INTERVAL}; Flower's own: 3)")
     p.add_argument("--max-wait-time", type=float, default=DEFAULT_MAX_WAIT_S, metavar="S",
                    help="seconds the SuperNode keeps trying to reach a SuperLink that does not "
                         "answer (at start, or lost mid-run) before it stops with a one-line "
-                        f"reason (default {DEFAULT_MAX_WAIT_S:g}; Flower's own: no limit)")
+                        f"reason (default: {DEFAULT_MAX_WAIT_S:g}; Flower's own: no limit)")
     p.add_argument("flower_args", nargs=argparse.REMAINDER, metavar="-- FLOWER_ARGS",
                    help="anything after `--` is passed to flower-supernode as given")
 
@@ -279,6 +280,15 @@ class StopSignal(Exception):
         self.signum = signum
 
 
+def stopped_line(signum: int) -> str:
+    """Say in one line that the runner stopped on a signal, naming it (``SIGTERM``)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    return f"stopped on {name} (signal {signum}): the SuperNode and the executor were stopped"
+
+
 def raise_stop_signal(signum: int, frame: FrameType | None) -> None:
     """Signal handler: raise :class:`StopSignal`, so the watcher's cleanup runs."""
     raise StopSignal(signum)
@@ -329,6 +339,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     for s in previous:
         signal.signal(s, raise_stop_signal)
+    stopped_by: int | None = None
     try:
         supernode = start_supernode()
         echo(f"SuperNode pid {supernode.pid} (process isolation, Runtime API "
@@ -363,7 +374,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
                 executor = start_executor()
             time.sleep(0.2)
     except StopSignal as stop:
-        echo(f"signal {stop.signum}: stopping the SuperNode and the executor")
+        stopped_by = stop.signum
         return 128 + stop.signum
     finally:
         for s in previous:
@@ -374,3 +385,7 @@ def run(args: argparse.Namespace, echo: Any = None) -> int:
         os.close(notify_fd)
         for s, handler in previous.items():
             signal.signal(s, handler)
+        if stopped_by is not None:
+            # The device's one line about a normal stop, once both children are gone (the
+            # executor ends quietly on its signal, client.executor).
+            echo(stopped_line(stopped_by))

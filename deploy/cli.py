@@ -1,12 +1,61 @@
-"""The ``gpfl`` command."""
+"""The ``gpfl`` command: its subcommands, their options, and the entry point."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+#: What ``gpfl --help`` says gpfl is, in one line.
+DESCRIPTION = ("gpfl: group-private, personalized federated learning on Flower (clustered FL "
+               "with local differential privacy on every device).")
+
+
+def versions() -> str:
+    """Return ``gpfl X (Flower Y)``: the installed distributions' versions, as pip sees them.
+
+    Read from the distribution metadata rather than a constant in the code, so that what
+    ``--version`` prints is what is installed (and a device owner can quote it to the server's
+    operator, whose run a device refuses when the versions differ).
+    """
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:  # a checkout run without installing it
+            return "(not installed)"
+
+    return f"gpfl {installed('gpfl')} (Flower {installed('flwr')})"
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's help formatter that adds ``(default: ...)``, only where a default says something.
+
+    An option without a value (a flag, default False), one whose default is None (the option's
+    own help says what happens without it), an empty list (a repeatable option) or an empty
+    string gets nothing added; nor does an option whose help already states its default in its
+    own words.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        # Identity for False: a default of 0 (a count) is a default worth stating.
+        silent = (default is None or default is False or default is argparse.SUPPRESS
+                  or default in ([], ""))
+        if silent or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help states defaults; the subcommands' parsers are made alike."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
 
 def parse_pairs(text: str, what: str) -> dict[str, Any]:
@@ -186,12 +235,15 @@ def _submit(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser of ``gpfl``."""
-    parser = argparse.ArgumentParser(prog="gpfl", description=__doc__)
+    parser = _Parser(prog="gpfl", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=versions(),
+                        help="print gpfl's version and Flower's, then exit")
+    # Subparsers are made by the parent's class (argparse's default): each states its defaults.
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("launch", help="run a local federation of real Flower processes (gRPC)")
     p.add_argument("--supernodes", type=int,
-                   help="number of SuperNodes (clients, default 20: the quickstart)")
+                   help="number of SuperNodes (clients; default: 20, the quickstart's)")
     p.add_argument("--run-config", action="append", default=[], metavar='"k=v ..."',
                    help="override app settings (keys of [tool.flwr.app.config])")
     p.add_argument("--node-config", action="append", default=[], metavar='"INDEX:k=v ..."',
@@ -206,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "SuperNode each round, 5 local epochs, the plateau server update, "
                         "clipped-mean clusters with the persistence test, 60 rounds (100 below "
                         "16 SuperNodes); deploy/quickstart.py)")
-    p.add_argument("--out", help="run directory (default runs/<timestamp>)")
+    p.add_argument("--out", help="run directory (default: runs/<timestamp>)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
     p.add_argument("--tls", action="store_true",
                    help="encrypt every connection with a throw-away CA made for this launch")
@@ -214,8 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="SuperNode authentication (implies --tls): a key pair per SuperNode, "
                         "registered with the SuperLink")
     p.add_argument("--engine", choices=ENGINE_NAMES,
-                   help="real SuperNode processes (default), Flower's Simulation Engine (Ray), "
-                        "or the ServerApp and ClientApp in this process (direct)")
+                   help="real SuperNode processes (deployment), Flower's Simulation Engine "
+                        "(Ray), or the ServerApp and ClientApp in this process (direct) "
+                        "(default: deployment)")
     p.add_argument("--ray-address", metavar="HOST:PORT",
                    help="with --engine simulation: run the virtual nodes on the running Ray "
                         "cluster whose head is HOST:PORT instead of a local Ray "
@@ -228,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="continue an incomplete run from its checkpoint, with the federation "
                         "saved in RUN_DIR (same devices, same ledgers); --run-config may add "
                         "overrides")
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="seconds from the start before giving up on the run")
     p.add_argument("--startup-timeout", type=float, default=600.0,
                    help="seconds from the submission to the ServerApp's first line before "
                         "giving up (a run without a round for 3 round deadlines and 2 minutes "
@@ -262,12 +316,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("certs", help="make a CA, a SuperLink certificate and SuperNode key pairs "
                                       "for a real deployment")
-    p.add_argument("--out", default="certs", help="output folder (default ./certs)")
+    p.add_argument("--out", default="certs", help="output folder")
     p.add_argument("--san", action="append", default=[], metavar="NAME[,NAME...]",
                    help="DNS name or IP address the SuperLink is reached by (repeatable)")
     p.add_argument("--supernodes", type=int, default=0,
                    help="number of SuperNode authentication key pairs to make")
-    p.add_argument("--days", type=int, default=365, help="validity of the certificates")
+    p.add_argument("--days", type=int, default=365,
+                   help="validity of the certificates, in days")
     p.add_argument("--no-local", action="store_true",
                    help="leave localhost, 127.0.0.1 and ::1 out of the certificate")
     p.add_argument("--force", action="store_true", help="overwrite an existing CA")
@@ -301,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser("plot", help="draw figure.png of a run directory")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="the run directory (it holds summary.json)")
     p.set_defaults(func=_plot)
     return parser
 

@@ -35,7 +35,14 @@ from typing import Any, ClassVar, cast
 from client.policy import POLICY_ENV
 from deploy.budget import DeviceBudget, budget_lines, plan_budgets, shapes_of
 from deploy.federation import Federation, LaunchError, stream_lines
-from deploy.processes import Liveness, ProcessWatch, stall_seconds
+from deploy.processes import (
+    SERVERAPP,
+    Liveness,
+    ProcessWatch,
+    exit_report,
+    flower_exit_in,
+    stall_seconds,
+)
 from deploy.raycluster import ray_cluster_env
 from deploy.rundir import FINISHED, POLICY_FILE, add_ledgers
 from deploy.superlink_state import (
@@ -256,8 +263,8 @@ class _FlowerEngine(Engine):
         watch.after_stream(finished=status != "running")
         if not summary_path.exists():
             raise LaunchError(watch.stop_reason or (
-                f"the run ended (flwr run exit code {proc.returncode}) without writing "
-                f"{summary_path}; see {fed.logs}"))
+                self._what_ended(proc.returncode, f"the run ended without writing "
+                                                  f"{summary_path}")))
         if late is None and restarts and watch.refused:
             late = late_restart_reason(watch.died.get("superlink", 0),
                                        "refused the ServerApp's token")
@@ -279,15 +286,40 @@ class _FlowerEngine(Engine):
         if late is not None:
             return late
         if "superlink" in watch.died:
-            return (f"the SuperLink exited (code {watch.died['superlink']}) during the run" + (
-                f" (started again {restarts} time(s) on its database)" if restarts else ""))
+            ended = exit_report("the SuperLink", watch.died["superlink"],
+                                self.fed.procs.own_log("superlink"), " during the run")
+            return ended + (
+                f" (started again {restarts} time(s) on its database)" if restarts else "")
         if watch.stop_reason is not None:
             return watch.stop_reason
         if watch.serverapp_gone:
-            return (f"the ServerApp exited during the run (its process ended; see "
-                    f"{self.fed.logs})")
-        return (f"the ServerApp ended before the run did (flwr run exit code {returncode}; "
-                f"see {self.fed.logs / 'flwr-run.log'})")
+            return f"{watch.serverapp_exit(' during the run')}; see {self.fed.serverapp_log}"
+        return self._what_ended(returncode, "the ServerApp ended before the run did")
+
+    def _what_ended(self, returncode: int | None, otherwise: str) -> str:
+        """Name the process that ended a run early, with its code, and where to read why.
+
+        ``returncode`` is ``flwr run``'s; ``otherwise`` starts the line when no process's log
+        gives a Flower exit code.
+
+        A Flower process that fails logs its own exit code (``Exit Code: 700``) and exits with
+        status 1, while ``flwr run``, which only streams the run's log, ends with 0: the code
+        worth reporting is the failed process's, read from its log (the ServerApp's, whose
+        process also runs the Simulation Engine, then the SuperLink's). ``flwr run``'s own code
+        is reported only when it failed itself.
+        """
+        assert self.fed is not None
+        procs, logs = self.fed.procs, self.fed.logs
+        for name, what, log in ((SERVERAPP, self.fed.serverapp_process, self.fed.serverapp_log),
+                                ("superlink", "the SuperLink", logs / "superlink.log")):
+            text = procs.own_log(name)
+            if flower_exit_in(text) is not None:
+                proc = procs.procs.get(name)
+                code = None if proc is None else proc.poll()
+                return f"{exit_report(what, code, text)}; see {log}"
+        if returncode:
+            return f"{otherwise} (flwr run exited with code {returncode}; see {logs})"
+        return f"{otherwise}; see the logs in {logs}"
 
 
 class DeploymentEngine(_FlowerEngine):

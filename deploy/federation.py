@@ -319,6 +319,13 @@ class Federation:
         self.procs.start(SERVERAPP, argv, self.serverapp_log, env=child_env(self._env()))
 
     @property
+    def serverapp_process(self) -> str:
+        """Name the process :meth:`start_serverapp` starts, as the launcher's lines name it."""
+        if self._superlink_args[1]:
+            return "the simulation process (the ServerApp and the virtual SuperNodes, on Ray)"
+        return "the ServerApp's process"
+
+    @property
     def serverapp_log(self) -> Path:
         """The log of the launcher's ServerApp process (:meth:`start_serverapp`)."""
         return self.logs / "serverapp.log"

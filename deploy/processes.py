@@ -15,7 +15,9 @@ descendants then.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
+import re
 import subprocess
 import sys
 import threading
@@ -54,6 +56,9 @@ class ProcessSet:
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[Any]] = {}
         self._logs: dict[str, IO[bytes]] = {}
+        # Each process's log and where its own lines start in it: a log is appended to (a
+        # resumed run, a restarted SuperLink), and an earlier process's lines are not its own.
+        self._log_starts: dict[str, tuple[Path, int]] = {}
         self.subreaper = become_subreaper()
         # Started before the children are listed: the watchdog is not one to stop here.
         self.watchdog = Watchdog()
@@ -68,6 +73,7 @@ class ProcessSet:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")  # closed in stop / stop_all
         self._logs[name] = log
+        self._log_starts[name] = (log_path, log.tell())
         proc = subprocess.Popen(
             list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env=env or child_env(), cwd=cwd, start_new_session=True,
@@ -76,6 +82,18 @@ class ProcessSet:
         self.watchdog.tell()
         logger.debug("started %s (pid %d): %s", name, proc.pid, " ".join(argv))
         return proc
+
+    def own_log(self, name: str) -> str:
+        """Return what the process last started as ``name`` wrote to its log ("" if none)."""
+        path, start = self._log_starts.get(name, (None, 0))
+        if path is None:
+            return ""
+        try:
+            with open(path, "rb") as log:
+                log.seek(start)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
 
     def stop(self, name: str, timeout: float = 5.0) -> None:
         """Stop one started process and every descendant of it."""
@@ -130,6 +148,84 @@ EXIT_REFUSED = 75
 REFUSED_MARK = "gpfl-serverapp: the SuperLink refused this ServerApp"
 #: The line of the ServerApp's log once it holds its run (deploy.serverapp_runner).
 CLAIMED_MARK = "claimed the task of run"
+
+
+#: Flower's line when one of its processes ends with one of its own exit codes (``flwr_exit``,
+#: for the codes of an error, 100 and up): the process's exit status is then only 1, and the
+#: code that says what failed (700: the Simulation Engine's run raised, e.g. Ray did not start)
+#: is in this line of its log.
+FLOWER_EXIT_LINE = re.compile(r"Exit Code: (\d+)")
+#: Where Flower keeps its exit codes' table, by release (the first one importable is read).
+FLOWER_EXIT_MODULES = ("flwr.supercore.exit.exit_code", "flwr.common.exit.exit_code")
+
+
+@dataclass(frozen=True)
+class FlowerExit:
+    """One of Flower's own exit codes, with its name and meaning from Flower's table.
+
+    Attributes
+    ----------
+    code : int
+        The code Flower logged (``Exit Code: 700``).
+    name : str or None
+        Its name in Flower's ``ExitCode`` (``SIMULATION_EXCEPTION``); None for a code the
+        installed Flower does not list.
+    meaning : str or None
+        The first sentence of Flower's help for it.
+    """
+
+    code: int
+    name: str | None = None
+    meaning: str | None = None
+
+    def __str__(self) -> str:
+        name = f" {self.name}" if self.name else ""
+        meaning = f' "{self.meaning}"' if self.meaning else ""
+        return f"Flower's exit code {self.code}{name}{meaning}"
+
+
+def flower_exit(code: int) -> FlowerExit:
+    """Return Flower's exit code ``code`` with its name and meaning, as the installed Flower says.
+
+    The table is read from Flower, not copied: a Flower release that adds or renames a code is
+    reported in its own words. Without it (a Flower that moved the table), only the number.
+    """
+    for module_name in FLOWER_EXIT_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        names = {value: key for key, value in vars(module.ExitCode).items()
+                 if key.isupper() and isinstance(value, int)}
+        help_text = " ".join(str(getattr(module, "EXIT_CODE_HELP", {}).get(code, "")).split())
+        meaning = help_text.split(". ")[0].rstrip(".") + "." if help_text else None
+        return FlowerExit(code, names.get(code), meaning)
+    return FlowerExit(code)
+
+
+def flower_exit_in(log_text: str) -> FlowerExit | None:
+    """Return the last of Flower's exit codes a process's log gives, or None."""
+    codes = FLOWER_EXIT_LINE.findall(log_text)
+    return flower_exit(int(codes[-1])) if codes else None
+
+
+def exit_detail(returncode: int | None, log_text: str) -> str:
+    """Say how a process ended, for a parenthesis: its exit status and Flower's code, if any.
+
+    ``code 1; Flower's exit code 700 SIMULATION_EXCEPTION "..."`` where the process's log gives
+    Flower's code, ``code -9`` where it does not, ``""`` when neither is known (``returncode``
+    None: the process is not reaped yet).
+    """
+    found = flower_exit_in(log_text)
+    parts = ([] if returncode is None else [f"code {returncode}"]) + (
+        [] if found is None else [str(found)])
+    return "; ".join(parts)
+
+
+def exit_report(what: str, returncode: int | None, log_text: str, when: str = "") -> str:
+    """Say ``<what> exited<when> (<how>)``: the process, and how it ended (:func:`exit_detail`)."""
+    detail = exit_detail(returncode, log_text)
+    return f"{what} exited{when}" + (f" ({detail})" if detail else "")
 
 
 #: Seconds from the submission to the ServerApp's first line before a run is given up
@@ -299,13 +395,14 @@ class ProcessWatch:
                 continue
             self._seen.add(proc.pid)
             self.died[name] = code
+            how = exit_detail(code, self.procs.own_log(name))
             if name == "superlink":
-                self.echo(f"gpfl: the SuperLink exited (code {code}); " + (
+                self.echo(f"gpfl: the SuperLink exited ({how}); " + (
                     "starting it again on its database" if self.superlink_restarts
                     else "the run cannot go on"))
                 self._end_stream()
             else:
-                self.echo(f"gpfl: {name} exited (code {code}); the run goes on without it")
+                self.echo(f"gpfl: {name} exited ({how}); the run goes on without it")
         self._check_serverapp()
         self._check_progress()
 
@@ -325,6 +422,12 @@ class ProcessWatch:
         if own is not None:
             return own.poll() is None
         return descendant_running("flwr-serverapp")
+
+    def serverapp_exit(self, when: str = "") -> str:
+        """Say ``the ServerApp exited<when> (<how>)`` of the run's process (:func:`exit_report`)."""
+        own = self.procs.procs.get(SERVERAPP)
+        return exit_report("the ServerApp", None if own is None else own.poll(),
+                           self.procs.own_log(SERVERAPP), when)
 
     def _check_serverapp(self) -> None:
         if not self._stream_running():
@@ -348,7 +451,8 @@ class ProcessWatch:
         elif now - self._serverapp_missing_since >= SERVERAPP_GRACE_S:
             # A ServerApp that finished normally ends the stream within a second or two.
             self.serverapp_gone = True
-            self.echo("gpfl: the ServerApp exited before the run ended; the run cannot go on")
+            self.echo(f"gpfl: {self.serverapp_exit(' before the run ended')}; the run cannot "
+                      "go on")
             self._end_stream()
 
     def after_stream(self, finished: bool) -> None:

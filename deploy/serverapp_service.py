@@ -34,8 +34,7 @@ PAUSE_S = 1.0
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add ``gpfl serverapp``'s options to a (sub)parser."""
     p.add_argument("--superlink", default="127.0.0.1:8000", metavar="HOST:PORT",
-                   help="the SuperLink's control and runtime API (its --host/--port; default "
-                        "127.0.0.1:8000)")
+                   help="the SuperLink's control and runtime API (its --host/--port)")
     p.add_argument("--root-certificates", metavar="CA.crt",
                    help="the CA of the SuperLink's certificate (TLS); without it, plain HTTP")
     p.add_argument("--simulation", action="store_true",

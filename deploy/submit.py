@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                      "(a [superlink.NAME] in $FLWR_HOME/config.toml)")
     p.add_argument("flwr_args", nargs=argparse.REMAINDER, metavar="FLWR_RUN_ARGS",
                    help="passed to flwr run (--run-config ...), except --startup-timeout S: "
-                        "seconds from the submission to the ServerApp's first line (default "
+                        "seconds from the submission to the ServerApp's first line (default: "
                         f"{DEFAULT_STARTUP_S:g})")
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import psutil
 import pytest
 
-from client.process_tree import bin_dir, child_env
+from client.process_tree import bin_dir, child_env, terminate_tree
 from deploy.fab import stage_app
 from deploy.federation import CONNECTION
 from deploy.launcher import Federation, free_port, project_root, stream_lines
@@ -370,6 +370,55 @@ def test_the_runner_stops_its_children_on_a_signal(
     proc.send_signal(signum)
     assert proc.wait(timeout=20) == 128 + signum
     assert gone(kids, 10)
+
+
+@pytest.mark.parametrize("how", ["runner", "tree"])
+def test_a_device_stopped_normally_says_so_in_one_line_without_a_traceback(
+    tmp_path: Path, how: str, no_leftover_processes: None
+) -> None:
+    # Execute: SIGTERM to the runner alone (as docker stop and a service manager send it), or
+    # to the runner and every process under it at once (as the launcher stops a device).
+    proc, kids = start_runner(tmp_path)
+    time.sleep(3)  # the executor past its start, waiting on its SuperNode
+    if how == "runner":
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    else:
+        assert terminate_tree([proc.pid], timeout=10) == []
+        proc.wait(timeout=5)
+
+    # Assert: one line saying why it stopped, no traceback from any of its processes.
+    log = (tmp_path / "runner.log").read_text(errors="replace")
+    assert "Traceback" not in log and "SystemExit" not in log, log
+    assert log.count("gpfl supernode: stopped on SIGTERM (signal 15)") == 1, log
+    assert gone(kids, 10)
+
+
+def test_a_warm_executor_signalled_twice_stops_without_a_traceback(tmp_path: Path) -> None:
+    # Prepare: an executor with torch loaded, as after a task of a torch model (torch's exit
+    # handlers make its interpreter's shutdown long enough for a second signal to land in it).
+    code = ("import torch, sys\nfrom client.executor import main\n"
+            f"sys.exit(main(['--runtime-api-address', '127.0.0.1:{free_port()}']))")
+    with open(tmp_path / "executor.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code], stdout=log,
+                                stderr=subprocess.STDOUT, env=child_env())
+    deadline = time.monotonic() + 60
+    while "warm executor" not in (tmp_path / "executor.log").read_text(errors="replace"):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.1)
+
+    # Execute: SIGTERM, then more while it stops (the launcher's and the runner's signals).
+    for _ in range(40):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+    status = proc.wait(timeout=30)
+
+    # Assert: it ended on the first signal's status, quietly.
+    text = (tmp_path / "executor.log").read_text(errors="replace")
+    assert status == 128 + signal.SIGTERM, text
+    assert "Traceback" not in text and "SystemExit" not in text, text
 
 
 def test_children_of_a_killed_runner_stop_too(tmp_path: Path) -> None:
