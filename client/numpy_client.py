@@ -339,23 +339,26 @@ class GpflClient(NumPyClient):
         charged = _charged(s.privacy.mechanism, plan.event, before, lifetime, cap=cap,
                            delta=delta)
         extra: dict[str, float] = {}
+        picked: list[int] = []
         try:
             if isinstance(plan, RecordPlan):
-                released, extra = self._release_record(s, plan, hypotheses, lifetime.releases)
+                released, extra = self._release_record(s, plan, hypotheses, lifetime.releases,
+                                                       picked.append)
             else:
-                released = self._release(s, plan, hypotheses, server_round, lifetime.releases)
+                released = self._release(s, plan, hypotheses, server_round, lifetime.releases,
+                                         picked.append)
             spend = ledger.spent(federation=federation)
         except Exception:
             # Charged, and private data was in use: the text of any error could carry it. The
             # device keeps the details; the server learns only that the round failed.
             logger.exception("%sfailed (charged): %s; nothing released", line, charged)
             raise ReleaseFailedError(s.name, "release") from None
-        # The device's one line for the round: only what the reply tells the server (k, the
-        # mechanism, the cost, from public numbers) and the device's own budget state. The
-        # hypothesis the device picked is not in it: the reply does not carry the choice (it
-        # is made with the private loss), so neither does the log.
+        # The device's one line for the round, for its owner: the hypothesis it trained from,
+        # the mechanism, the cost and its own budget state. The log stays on the device; the
+        # reply carries none of it beyond what its metrics already say (not the choice, which
+        # the private loss made).
         k = len(hypotheses)
-        logger.info("%sserved: %d %s, %s", line, k, "hypothesis" if k == 1 else "hypotheses",
+        logger.info("%sserved: hypothesis %d of %d, %s", line, picked[0] if picked else 0, k,
                     charged)
         return released, 1, {**base, "declined": 0, **extra, **spend_metrics(spend)}
 
@@ -407,20 +410,23 @@ class GpflClient(NumPyClient):
 
     def _release_record(
         self, s: ClientSettings, plan: RecordPlan, hypotheses: list[Arrays], releases: int,
+        on_choice: Callable[[int], None],
     ) -> tuple[Arrays, dict[str, float]]:
         task = self.task
         check_shapes(hypotheses, task)
         data = task.client_dataset(s.partition_id, s.num_partitions)
-        return release_record(task, s, plan, hypotheses, data, self._noise_rng(s, releases))
+        return release_record(task, s, plan, hypotheses, data, self._noise_rng(s, releases),
+                              on_choice)
 
     def _release(
         self, s: ClientSettings, plan: ReleasePlan, hypotheses: list[Arrays],
-        server_round: int, releases: int,
+        server_round: int, releases: int, on_choice: Callable[[int], None],
     ) -> Arrays:
         task = self.task
         check_shapes(hypotheses, task)
         data = task.client_dataset(s.partition_id, s.num_partitions)
         best = choose_hypothesis(lambda h: _safe_loss(task, h, data), hypotheses)
+        on_choice(best)
         reference = hypotheses[best]
         try:
             trained: Any = task.train(

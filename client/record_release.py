@@ -22,7 +22,7 @@ Order, as for the device-level mechanisms (:mod:`client.numpy_client`):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,9 +146,13 @@ def choose_noisy_min(losses: np.ndarray, loss_clip: float, noise_multiplier: flo
 
 def release_record(
     task: Any, s: ClientSettings, plan: RecordPlan, hypotheses: list[Arrays], data: Any,
-    rng: np.random.Generator,
+    rng: np.random.Generator, on_choice: Callable[[int], None] | None = None,
 ) -> tuple[Arrays, dict[str, float]]:
-    """Choose (paid), train with DP-SGD, check; return the release and its public metrics."""
+    """Choose (paid), train with DP-SGD, check; return the release and its public metrics.
+
+    ``on_choice`` is told the index of the hypothesis trained from, for the device's own log
+    (the release and its metrics do not carry it).
+    """
     from tasks.dpsgd import RecordTraining, per_record_losses, train_record_level
 
     record = s.privacy.record
@@ -158,6 +162,8 @@ def release_record(
         losses = per_record_losses(task, hypotheses, data, device=s.device)
         best = choose_noisy_min(losses, record.loss_clip, plan.event.selection_noise_multiplier,
                                 rng)
+    if on_choice is not None:
+        on_choice(best)
     training = RecordTraining(
         strategy=plan.strategy, split=plan.split, sampling_rate=record.sampling_rate,
         steps=record.steps, expected_batch=s.batch_size, clip=record.clip,
