@@ -48,7 +48,7 @@ import logging
 import math
 import numbers
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 from flwr.server.client_manager import ClientManager
@@ -194,17 +194,7 @@ def sample_devices(
         ``min_replies`` connected devices are responsive.
     """
     t = server_round
-    connected = client_manager.num_available()
-    if forming and connected < clients_per_round:
-        grace = min(round_timeout, FORMING_GRACE_S)
-        _LOG.info("round %d: %d devices connected; waiting up to %g s for "
-                  "clients-per-round=%d", t, connected, grace, clients_per_round)
-        client_manager.wait_for(clients_per_round, timeout=math.ceil(grace))
-        connected = client_manager.num_available()
-    if connected < min_replies:
-        _LOG.info("round %d: %d devices connected; waiting up to %g s for min-replies=%d",
-                  t, connected, round_timeout, min_replies)
-        client_manager.wait_for(min_replies, timeout=math.ceil(round_timeout))
+    _wait_for_devices(client_manager, t, clients_per_round, min_replies, round_timeout, forming)
     stale = set(excluded)
 
     def current() -> dict[str, ClientProxy]:
@@ -216,42 +206,106 @@ def sample_devices(
         return now
 
     available = current()
-    records = records or {}
-    alive = responsive(available, records)
-    lost = None if alive else lost_together(available, records)
-    if lost is not None:
-        _LOG.warning("round %d: all %d connected devices missed round %d and no other: taken as "
-                     "a round lost on the server's side; asking them again", t, len(available),
-                     lost)
-        records = {cid: r for cid, r in records.items() if cid not in available}
-        alive = responsive(available, records)
+    records = _forgive_a_round_lost_together(available, dict(records or {}), t)
     deadline = time.monotonic() + round_timeout
-    once = missed_once(available, records) if len(alive) < min_replies else []
-    if once:
-        _LOG.warning("round %d: %d of %d connected devices answered their last round, fewer than "
-                     "min-replies=%d; asking the %d that missed only their last round whether "
-                     "they are alive (nothing is charged)", t, len(alive), len(available),
-                     min_replies, len(once))
-        answered = ask_properties({cid: available[cid] for cid in once}, round_timeout, t)
-        _LOG.warning("round %d: %d of %d answered; they count this round", t, len(answered),
-                     len(once))
-        records = {cid: r for cid, r in records.items() if cid not in answered}
+    counted = (_count_the_alive(available, records, min_replies, round_timeout, t)
+               if len(responsive(available, records)) < min_replies else None)
+    if counted is not None:
+        records = counted
         available = current()  # a device restarted meanwhile registered as a new node
-        alive = responsive(available, records)
+    available, alive = _wait_for_quorum(client_manager, current, available, records,
+                                        min_replies, deadline, t)
+    if len(alive) < min_replies:
+        return available, []
+    return available, _draw(available, records, clients_per_round, t, rng, keys)
+
+
+def _wait_for_devices(client_manager: ClientManager, t: int, clients_per_round: int,
+                      min_replies: int, round_timeout: float, forming: bool) -> None:
+    """Wait for a forming federation's devices, then for ``min_replies`` of them to connect."""
+    connected = client_manager.num_available()
+    if forming and connected < clients_per_round:
+        grace = min(round_timeout, FORMING_GRACE_S)
+        _LOG.info("round %d: %d devices connected; waiting up to %g s for "
+                  "clients-per-round=%d", t, connected, grace, clients_per_round)
+        client_manager.wait_for(clients_per_round, timeout=math.ceil(grace))
+        connected = client_manager.num_available()
+    if connected < min_replies:
+        _LOG.info("round %d: %d devices connected; waiting up to %g s for min-replies=%d",
+                  t, connected, round_timeout, min_replies)
+        client_manager.wait_for(min_replies, timeout=math.ceil(round_timeout))
+
+
+def _forgive_a_round_lost_together(available: Mapping[str, ClientProxy],
+                                   records: dict[str, ClientRecord],
+                                   t: int) -> dict[str, ClientRecord]:
+    """Return ``records`` without the connected devices' if they all lost one round together.
+
+    Their miss was the server's side (see the module notes): they are asked again at once.
+    """
+    if responsive(available, records):
+        return records
+    lost = lost_together(available, records)
+    if lost is None:
+        return records
+    _LOG.warning("round %d: all %d connected devices missed round %d and no other: taken as "
+                 "a round lost on the server's side; asking them again", t, len(available),
+                 lost)
+    return {cid: r for cid, r in records.items() if cid not in available}
+
+
+def _count_the_alive(available: Mapping[str, ClientProxy], records: dict[str, ClientRecord],
+                     min_replies: int, round_timeout: float, t: int
+                     ) -> dict[str, ClientRecord] | None:
+    """Ask the devices that missed only their last round whether they are alive.
+
+    Returns ``records`` without those that answered (they count towards this round's quorum),
+    or None when no device missed only its last round (nobody was asked). Nothing is charged
+    (Flower's ``get_properties``).
+    """
+    once = missed_once(available, records)
+    if not once:
+        return None
+    alive = responsive(available, records)
+    _LOG.warning("round %d: %d of %d connected devices answered their last round, fewer than "
+                 "min-replies=%d; asking the %d that missed only their last round whether "
+                 "they are alive (nothing is charged)", t, len(alive), len(available),
+                 min_replies, len(once))
+    answered = ask_properties({cid: available[cid] for cid in once}, round_timeout, t)
+    _LOG.warning("round %d: %d of %d answered; they count this round", t, len(answered),
+                 len(once))
+    return {cid: r for cid, r in records.items() if cid not in answered}
+
+
+def _wait_for_quorum(
+    client_manager: ClientManager, current: Callable[[], dict[str, ClientProxy]],
+    available: dict[str, ClientProxy], records: Mapping[str, ClientRecord], min_replies: int,
+    deadline: float, t: int,
+) -> tuple[dict[str, ClientProxy], list[str]]:
+    """Wait until ``deadline`` for ``min_replies`` responsive devices; return them and all.
+
+    Returns the connected devices and the responsive ones among them, as they are when the
+    quorum is met or the deadline passes. Only new nodes (a restarted device) raise the count.
+    """
+    alive = responsive(available, records)
     if len(available) >= min_replies and len(alive) < min_replies:
         _LOG.warning("round %d: %d devices connected, %d of them answered their last round; "
                      "waiting up to %g s for min-replies=%d before asking anyone", t,
                      len(available), len(alive), max(0.0, deadline - time.monotonic()),
                      min_replies)
         while len(alive) < min_replies and time.monotonic() < deadline:
-            # New nodes (a restarted device) raise the count; nothing else does.
             client_manager.wait_for(client_manager.num_available() + min_replies - len(alive),
                                     timeout=_QUORUM_POLL_S)
             available = current()
             alive = responsive(available, records)
+    return available, alive
+
+
+def _draw(available: Mapping[str, ClientProxy], records: Mapping[str, ClientRecord],
+          clients_per_round: int, t: int, rng: np.random.Generator,
+          keys: DeviceKeys | None) -> list[str]:
+    """Draw up to ``clients_per_round`` of the connected devices that are not resting."""
     cids = sorted(available)
-    if len(alive) < min_replies:
-        return available, []
     resting = [cid for cid in cids if rests(records.get(cid), t)]
     if resting:
         _LOG.info("round %d: not asking %s: silent in their last rounds (back-off)", t,
@@ -265,5 +319,5 @@ def sample_devices(
         # Every connected device gets its key (duplicate names are told apart among all of
         # them); the resting ones are then left out of the draw.
         keyed = keys.keys(available, t)
-        return available, keys.draw({cid: keyed[cid] for cid in cids}, t, size)
-    return available, [cids[i] for i in rng.choice(len(cids), size=size, replace=False)]
+        return keys.draw({cid: keyed[cid] for cid in cids}, t, size)
+    return [cids[i] for i in rng.choice(len(cids), size=size, replace=False)]
