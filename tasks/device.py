@@ -51,17 +51,19 @@ def resolve_device(name: str) -> torch.device:
                 f"device={name!r} was requested but CUDA is not available "
                 "(use device='auto' or 'cpu')"
             )
-        try:
-            device = torch.device(value)
-        except RuntimeError:
+        # The index is read here, not by torch: torch keeps it in 8 bits, so "cuda:999" became
+        # cuda:-25 (seen with torch 2.11), which no check on its index could then refuse.
+        index_text = value.partition(":")[2] if ":" in value else None
+        if index_text is not None and not (index_text.isascii() and index_text.isdigit()):
             raise TaskSettingsError(
-                f"device must name a CUDA device, got device={name!r}"
-            ) from None
-        if device.index is not None and device.index >= torch.cuda.device_count():
+                f"device must name a CUDA device as cuda or cuda:N, got device={name!r}")
+        index = None if index_text is None else int(index_text)
+        if index is not None and index >= torch.cuda.device_count():
             raise TaskSettingsError(
-                f"device={name!r} names GPU {device.index} but only "
+                f"device={name!r} names GPU {index} but only "
                 f"{torch.cuda.device_count()} are visible"
             )
+        device = torch.device("cuda", index) if index is not None else torch.device("cuda")
         return device
     raise TaskSettingsError(f"device must be auto, cpu, cuda or cuda:N, got device={name!r}")
 

@@ -162,6 +162,32 @@ def test_resolve_device() -> None:
             resolve_device("cuda")
 
 
+@pytest.mark.parametrize(("name", "index"), [("cuda", None), ("cuda:0", 0), ("CUDA:1", 1)])
+def test_a_visible_gpu_is_resolved_by_its_index(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                index: int | None) -> None:
+    # As on a machine with two GPUs (torch.device objects need no GPU to exist).
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device(name) == torch.device("cuda", index)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("cuda:999", r"device='cuda:999' names GPU 999 but only 2 are visible"),
+    ("cuda:2", r"names GPU 2 but only 2"),
+    ("cuda:256", r"names GPU 256"),  # torch would keep 0 of it (8 bits)
+    ("cuda:-1", r"as cuda or cuda:N"),
+    ("cuda:x", r"as cuda or cuda:N"),
+    ("cuda:\u00b2", r"as cuda or cuda:N"),
+    ("cuda:", r"as cuda or cuda:N"),
+])
+def test_a_gpu_index_beyond_the_visible_ones_is_refused(monkeypatch: pytest.MonkeyPatch,
+                                                        name: str, message: str) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(TaskSettingsError, match=message):
+        resolve_device(name)
+
+
 def test_configure_torch_threads(monkeypatch: pytest.MonkeyPatch) -> None:
     previous = torch.get_num_threads()
     try:
