@@ -202,9 +202,12 @@ def launch(
     if unused:
         raise LaunchError(f"--node-config names SuperNodes {unused}, but there are only "
                           f"{supernodes} (0..{supernodes - 1})")
+    # The Ray address the engine resolved (``$RAY_ADDRESS`` included): a resumed run joins the
+    # same cluster whatever its environment.
     save_launch(out, {"engine": engine, "supernodes": supernodes, "run_config": config,
                       "node_configs": node_configs, "policy": policy, "app_dir": app_dir,
-                      "tls": tls, "auth": auth, "ray_address": ray_address,
+                      "tls": tls, "auth": auth,
+                      "ray_address": getattr(runner, "ray_address", ray_address),
                       "superlink_database": superlink_database, "node_env": node_env})
     try:
         policy_file, ledger_paths = write_policy(out, device_policy, nodes.values())

@@ -74,3 +74,27 @@ def test_gpfl_launch_on_the_direct_engine_writes_what_the_others_do(
     assert (out / "figure.png").stat().st_size > 0
     assert json.loads((out / "launch.json").read_text())["engine"] == "direct"
     assert flower_processes() == []
+
+
+
+def test_the_ray_address_from_the_environment_is_saved_for_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: Ray's own variable names the cluster; the engine's run is stopped at its start
+    # (launch.json is written before it).
+    from deploy.engines import SimulationEngine
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+
+    def stop(self: SimulationEngine, prepared: object) -> None:
+        raise LaunchError("stopped before anything started")
+
+    monkeypatch.setattr(SimulationEngine, "run", stop)
+
+    # Execute
+    with pytest.raises(LaunchError, match="stopped before"):
+        launch(engine="simulation", supernodes=2, out_dir=tmp_path / "run", echo=lambda _: None)
+
+    # Assert: the address the run used is saved, so a resume joins it whatever its environment.
+    saved = json.loads((tmp_path / "run" / "launch.json").read_text())
+    assert saved["engine"] == "simulation" and saved["ray_address"] == "10.0.0.5:6379"
