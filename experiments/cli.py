@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from experiments.core.common import DEFAULT_CACHE, DEFAULT_ROOT, ENGINES, PROFILES, Context
+from experiments.core.provenance import code_state, combine, raw_digests
 from experiments.core.registry import EXPERIMENTS, load
 from experiments.core.runner import run
 
@@ -88,11 +89,14 @@ def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
     ctx = Context(name=name, out=out, cache=cache, profile=profile, seeds=seeds, fresh=fresh,
                   data_path=data_path, timeout=timeout, stream=stream, engine=engine)
     started = time.monotonic()
+    code_at_start = code_state()
     rows = run(experiment, ctx)
-    # Each federation's run config, as launched (the seeds, ν, k... are also the rows' keys).
-    configs = {cell.label: {"supernodes": cell.spec.supernodes, **cell.spec.config}
-               for cell in experiment.grid(ctx) if cell.spec is not None}
-    ctx.write_meta(started, {"rows": len(rows), "run_configs": configs})
+    ctx.write_meta(started, {
+        "code": combine(code_at_start, code_state()),
+        "raw_files": raw_digests(out),
+        "rows": len(rows),
+        "row_settings": list(ctx.row_settings),
+    })
     print(f"{name}: {len(rows)} rows in {out / 'results.csv'}, figures in {out / 'figures'} "
           f"({time.monotonic() - started:.0f} s; {ctx.launched} federations run, "
           f"{ctx.reused} reused)", file=stream or sys.stdout, flush=True)

@@ -335,4 +335,4 @@ def plot_reconstructions(done: Mapping[tuple[float, int], Trial], path: Path, *,
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, describe=describe, perform=perform,
                         report=report_section, paper="001 Fig. 5 / 000 §5.4",
-                        engine="in-process")
+                        engine="in-process", profiles=PROFILES)

@@ -304,4 +304,4 @@ def audit_section(rows: list[dict[str, str]]) -> list[str]:
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, shown=("charged", "epsilon_lb"),
                         perform=perform, report=audit_section,
                         paper="004 ch. 4: empirical ε against the charge",
-                        engine="in-process")
+                        engine="in-process", profiles=PROFILES)

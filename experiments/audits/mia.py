@@ -62,6 +62,9 @@ ATTACKS = ("loss", "shadow", "noisy")
 METRICS = ("auc", "tpr_1", "tpr_01", "eps_1", "eps_lb", "cost_s")
 COLUMNS = ("task", "noise", "seed", "members", "shadows", "accuracy_in", "accuracy_out",
            "sigma", *(f"{m}_{a}" for a in ATTACKS for m in METRICS))
+#: The columns a rerun cannot reproduce: each attack's seconds on this machine.
+TIMINGS = {f"cost_s_{a}": "seconds of compute, which vary with the machine and its load"
+           for a in ATTACKS}
 #: The noise settings: gpfl's mechanism and its parameter (the run config's request).
 NOISES: dict[str, dict[str, Any]] = {
     "none": {"mechanism": "none"},
@@ -288,4 +291,5 @@ EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("auc_loss", "auc_shadow", "auc_noisy", "cost_s_shadow",
                                "cost_s_noisy"), perform=perform,
                         report=mia_section,
-                        paper="004 ch. 4: membership inference (Fig. 4.4)", engine="in-process")
+                        paper="004 ch. 4: membership inference (Fig. 4.4)", engine="in-process",
+                        profiles=PROFILES, volatile=TIMINGS)

@@ -415,4 +415,5 @@ def section(rows: list[dict[str, str]]) -> list[str]:
 
 EXPERIMENT = Experiment(name=NAME, columns=COLUMNS, grid=_grid, measure=_measure,
                         perform=_perform, describe=_describe, report=section,
-                        paper="robustness against rogue devices", engine="in-process")
+                        paper="robustness against rogue devices", engine="in-process",
+                        profiles=PROFILES)

@@ -147,6 +147,8 @@ class Context:
     federation_s: float = field(default=0.0, init=False)
     #: How many of the federations run or reused ran on each engine.
     engines: dict[str, int] = field(default_factory=dict, init=False)
+    #: Each finished row's label, settings and seconds, in order (`experiments.core.runner`).
+    row_settings: list[dict[str, Any]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -201,6 +203,7 @@ class Context:
             self._count_engine(str(record.get("engine", "simulation")))
             summary["_run_dir"] = str(directory)
             summary["_cached"] = True
+            summary["_wall_s"] = float(record.get("wall_s", 0.0))
             return summary
         started = time.monotonic()
         full = self.launch(spec)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.core.claims import flow
+from experiments.core.provenance import federation_configs
 from experiments.core.registry import EXPERIMENTS, load
 from experiments.core.runner import ENGINES, Experiment
 from experiments.core.tables import fmt, read_csv
@@ -288,8 +289,7 @@ def render(raw: Path, previous: str) -> str:
         if item is not None and seconds is not None:
             # An experiment whose federations are all another's (leakage reads accuracy-vs-nu's
             # from the shared cache) adds no time of its own.
-            configs = {json.dumps(c, sort_keys=True)
-                       for c in item[1].get("run_configs", {}).values()}
+            configs = {json.dumps(c, sort_keys=True) for c in federation_configs(item[1])}
             if configs and configs <= counted:
                 continue
             counted |= configs
@@ -328,7 +328,7 @@ def _sizes(rows: list[dict[str, str]], meta: dict[str, Any]) -> str:
 
     An experiment that runs no federation has its seeds counted in its rows.
     """
-    configs = list(meta.get("run_configs", {}).values())
+    configs = federation_configs(meta)
     if not configs:
         in_rows = {r["seed"] for r in rows if r.get("seed") not in (None, "")}
         return f"- | - | - | {len(in_rows) or '-'}"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -37,6 +37,7 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 
 from experiments.core.common import Context, FederationSpec
+from experiments.core.provenance import jsonable
 from experiments.core.tables import fmt, read_csv, write_csv
 
 __all__ = ["ENGINES", "Cell", "Experiment", "Progress", "Run", "run"]
@@ -133,6 +134,12 @@ class Experiment:
         What runs its configurations, for the report: ``"simulation"`` (the ServerApp and
         ClientApp on Flower's Simulation Engine) or ``"in-process"`` (gpfl's own client,
         mechanisms or trainer called in this process, no Flower engine).
+    profiles : Mapping
+        An in-process experiment's settings per profile (``PROFILES``), recorded with each
+        row so that ``meta.json`` says what ran; a federation's run config says it already.
+    volatile : Mapping
+        Columns that a rerun cannot reproduce (a timing, a memory peak), each with the reason:
+        ``python -m experiments verify`` compares every other column exactly.
     """
 
     name: str
@@ -146,10 +153,28 @@ class Experiment:
     report: Callable[[list[dict[str, str]]], list[str]] = _rows_only
     paper: str = "-"
     engine: str = "simulation"
+    profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    volatile: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {self.engine!r}")
+        unknown = sorted(set(self.volatile) - set(self.columns))
+        if unknown:
+            raise ValueError(f"volatile columns {unknown} are not columns of {self.name}")
+
+    def settings(self, ctx: Context, cell: Cell) -> dict[str, Any]:
+        """Return what a row's configuration ran with, as JSON data, for ``meta.json``.
+
+        A federation: its SuperNode count and full run config. In process: the cell's keys
+        and the profile's settings (the code they call is the commit's).
+        """
+        if cell.spec is not None:
+            return {"federation": {"supernodes": cell.spec.supernodes,
+                                   "run_config": jsonable(cell.spec.config)}}
+        profile = self.profiles.get(ctx.profile)
+        return {"keys": jsonable(dict(cell.keys)),
+                **({"profile": jsonable(dict(profile))} if profile is not None else {})}
 
     def message(self, row: dict[str, Any], result: Any) -> str:
         """Return the progress message of a finished configuration."""
@@ -157,6 +182,13 @@ class Experiment:
             return self.describe(row, result)
         return ", ".join(f"{column.replace('_', ' ')} {_show(row.get(column))}"
                          for column in self.shown)
+
+
+def _seconds(result: Any, started: float) -> float:
+    """Return what a row cost: its federation's time when it ran, if read from the cache."""
+    if isinstance(result, Mapping) and "_wall_s" in result:
+        return float(result["_wall_s"])
+    return time.monotonic() - started
 
 
 def _show(value: Any) -> str:
@@ -174,12 +206,17 @@ def run(experiment: Experiment, ctx: Context) -> list[dict[str, Any]]:
     cells = experiment.grid(ctx)
     rows: list[dict[str, Any]] = []
     runs: list[Run] = []
+    ctx.row_settings.clear()
     with Progress(experiment.name, len(cells), ctx.stream) as progress:
         for cell in cells:
+            started = time.monotonic()
             result = experiment.perform(ctx, cell)
             row = experiment.measure(cell, result)
             rows.append(row)
             runs.append((cell, result))
+            ctx.row_settings.append({"label": cell.label,
+                                     "settings": experiment.settings(ctx, cell),
+                                     "seconds": round(_seconds(result, started), 2)})
             cached = isinstance(result, Mapping) and result.get("_cached")
             progress.step(cell.label,
                           experiment.message(row, result) + (" [cached]" if cached else ""))

@@ -340,4 +340,4 @@ def describe(row: dict[str, Any], result: dict[str, Any]) -> str:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe=describe, perform=perform,
                         report=report_section, paper="004 §3.7 (OSO-DPSGD vs grid searches)",
-                        engine="in-process")
+                        engine="in-process", profiles=PROFILES)

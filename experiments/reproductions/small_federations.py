@@ -301,4 +301,5 @@ def _goals(groups: Mapping[tuple[int, str], list[dict[str, str]]]) -> list[str]:
 
 EXPERIMENT = Experiment(name=NAME, columns=COLUMNS, grid=_grid, measure=_measure,
                         perform=_perform, describe=_describe, report=section,
-                        paper="001 §4.1 at 4-100 devices", engine="in-process")
+                        paper="001 §4.1 at 4-100 devices", engine="in-process",
+                        profiles=PROFILES)
