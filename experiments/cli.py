@@ -30,7 +30,7 @@ from experiments.core.runner import run
 
 __all__ = ["COMMANDS", "EXPERIMENTS", "build_parser", "main", "run_experiment"]
 
-COMMANDS = (*EXPERIMENTS, "all", "report", "bench")
+COMMANDS = (*EXPERIMENTS, "all", "report", "bench", "verify")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
                "python -m experiments report",
     )
     parser.add_argument("name", choices=COMMANDS,
-                        help="the experiment, 'all', 'report', or 'bench' (every benchmark)")
+                        help="the experiment, 'all', 'report', 'bench' (every benchmark) or "
+                             "'verify' (check the committed raw files and rerun some rows)")
+    parser.add_argument("experiments", nargs="*", default=[], metavar="EXPERIMENT",
+                        help="verify: the experiments to verify (default: every one with raw "
+                             "files)")
     parser.add_argument("--quick", action="store_true",
                         help="reduced settings: five seeds, up to ~45 minutes an experiment on 2 "
                              "cores, about 4 h of federations for 'all' (86 min with --jobs 2)")
@@ -75,6 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", nargs="+", default=None, metavar="BENCHMARK",
                         help="bench: run only these benchmarks (sampling, release, aggregate, "
                              "fab, round, round-model, scale, deploy)")
+    parser.add_argument("--rows", type=int, default=1,
+                        help="verify: rows to rerun per experiment, drawn at random (default 1)")
+    parser.add_argument("--row", type=int, nargs="+", default=None, metavar="INDEX",
+                        help="verify: rerun these rows (0 is the first data row of results.csv)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="verify: the seed of the row draw (default: a fresh one, printed)")
+    parser.add_argument("--max-seconds", type=float, default=None,
+                        help="verify: draw only among rows that took at most this long when "
+                             "they ran (default: any row)")
     # The tests' own settings, smaller than --quick; not part of the documented interface.
     parser.add_argument("--profile", choices=PROFILES, default=None, help=argparse.SUPPRESS)
     return parser
@@ -103,6 +116,26 @@ def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
     return rows
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from experiments.core.verify import verify
+
+    unknown = [n for n in args.experiments if n not in EXPERIMENTS]
+    if unknown:
+        print(f"verify: unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)}",
+              file=sys.stderr)
+        return 2
+    if args.rows < 1:
+        print(f"verify: --rows must be at least 1, got {args.rows}", file=sys.stderr)
+        return 2
+    root = args.out or Path("docs") / "results"
+    verdicts = verify(root, args.experiments, count=args.rows, seed=args.seed,
+                      indices=args.row, max_seconds=args.max_seconds)
+    failed = [v.name for v in verdicts if not v.ok]
+    print(f"verify: {len(verdicts) - len(failed)} of {len(verdicts)} experiments ok"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m experiments`` and ``gpfl-experiment``."""
     args = build_parser().parse_args(argv)
@@ -116,11 +149,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench: {err}", file=sys.stderr)
             return 2
         return 1 if failed_benchmarks else 0
+    if args.experiments and args.name != "verify":
+        print(f"{args.name}: takes no experiment names, got {' '.join(args.experiments)}",
+              file=sys.stderr)
+        return 2
+    if args.name == "verify":
+        return _verify(args)
     if args.name == "report":
-        from experiments.core.report import write_report
+        from experiments.core.report import RefusedRawFiles, write_report
 
         root = args.out or DEFAULT_ROOT
-        path = write_report(root, args.doc)
+        try:
+            path = write_report(root, args.doc)
+        except RefusedRawFiles as err:
+            print(f"report: {err}", file=sys.stderr)
+            return 1
         print(f"report: wrote {path} from {root}")
         return 0
     names = list(EXPERIMENTS) if args.name == "all" else [args.name]

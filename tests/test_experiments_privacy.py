@@ -32,7 +32,7 @@ def test_the_audits_and_the_attacks_run_and_are_reported(tmp_path: Path) -> None
 
     audit = _rows(root, "empirical-privacy")
     attacks = _rows(root, "mia")
-    text = write_report(root, tmp_path / "docs" / "RESULTS.md").read_text()
+    text = write_report(root, tmp_path / "docs" / "RESULTS.md", checked=False).read_text()
 
     kinds = {r["kind"] for r in audit}
     assert kinds == {"audit", "power", "float-leak", "false-positive"}

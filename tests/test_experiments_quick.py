@@ -13,7 +13,11 @@ sums, and from there the trajectories, are not bit-identical between runs).
 from __future__ import annotations
 
 import csv
+import io
+import json
 import math
+import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +25,8 @@ import pytest
 
 from experiments.audits.dlg_audit import ROW_KEYS
 from experiments.cli import run_experiment
+from experiments.core.provenance import code_state, digest
+from experiments.core.verify import Verdict, verify_experiment
 
 # ~7 minutes on 2 cores, part of the default run (and of CI).
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -185,7 +191,7 @@ def test_dlg_reconstructs_at_small_nu_and_fails_at_large_nu(root: Path) -> None:
 def test_report_collects_every_experiment(root: Path, tmp_path: Path) -> None:
     from experiments.core.report import write_report
 
-    doc = write_report(root, tmp_path / "RESULTS.md")
+    doc = write_report(root, tmp_path / "RESULTS.md", checked=False)
     text = doc.read_text()
     # This file's experiments are reported; the other file's (another root) are named as not
     # run yet, with the command that runs them.
@@ -196,3 +202,103 @@ def test_report_collects_every_experiment(root: Path, tmp_path: Path) -> None:
         assert f"Not run yet: `python -m experiments {name}" in text
     assert "0.561" in text  # 001 Table 2, ν = 15, quoted next to ours
     assert (tmp_path / "results" / "accuracy-vs-nu" / "accuracy_vs_nu.png").is_file()
+
+
+# ------------------------------------------------------------------ provenance and reruns
+def _ensure(root: Path, name: str) -> Path:
+    """The experiment's folder under ``root``, run first if no test above has run it."""
+    if not (root / name / "results.csv").is_file():
+        _run(root, name)
+    return root / name
+
+
+def _failures(verdict: Verdict, kind: str) -> list[str]:
+    """The failures of one kind (``provenance``, ``sanity``, ``rerun``).
+
+    A test run from a checkout with uncommitted changes has a provenance failure of its own;
+    the tests of the rerun read the others.
+    """
+    return [f for f in verdict.failures if f.startswith(kind + ":")]
+
+
+@pytest.mark.timeout(600)
+def test_meta_names_the_commit_the_hash_and_each_rows_settings(root: Path) -> None:
+    folder = _ensure(root, "synthetic-ablation")
+
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+
+    assert meta["code"]["commit"] == code_state()["commit"]
+    assert meta["raw_files"] == {"results.csv": digest(folder / "results.csv")}
+    labels = [r["label"] for r in meta["row_settings"]]
+    assert len(labels) == meta["rows"] == len(_run_rows(folder)) and len(set(labels)) == len(labels)
+    # A federation's row records the whole run config it ran with, seed and rounds included.
+    federation = meta["row_settings"][0]["settings"]["federation"]
+    assert federation["run_config"]["task"] == "synthetic"
+    assert {"seed", "num-rounds", "mechanism"} <= set(federation["run_config"])
+    assert federation["supernodes"] > 0
+
+
+def _run_rows(folder: Path) -> list[dict[str, str]]:
+    with open(folder / "results.csv", newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.mark.timeout(600)
+def test_verify_reruns_a_federation_row_exactly_and_an_edit_fails_it(root: Path,
+                                                                      tmp_path: Path) -> None:
+    # Prepare: a copy of the experiment's raw files.
+    folder = tmp_path / "synthetic-ablation"
+    shutil.copytree(_ensure(root, "synthetic-ablation"), folder)
+    last = len(_run_rows(folder)) - 1
+
+    # Execute: the last row again, alone, past the cache.
+    verdict = verify_experiment("synthetic-ablation", folder, count=1, rng=random.Random(0),
+                                indices=[last], stream=io.StringIO())
+
+    # Assert: every column equal, every relation held.
+    assert verdict.rows == [last]
+    assert _failures(verdict, "rerun") == [] and _failures(verdict, "sanity") == []
+
+    # Prepare: one distance of that row made 7 times itself plus 1.
+    rows = _run_rows(folder)
+    edited = f"{float(rows[last]['dist_opt1']) * 7 + 1:.6g}"
+    rows[last]["dist_opt1"] = edited
+    with open(folder / "results.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    checked = verify_experiment("synthetic-ablation", folder, count=1, rng=random.Random(0),
+                                indices=[], stream=io.StringIO())
+    # The hash made to match the edit, as a forger would: the rerun still tells.
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    meta["raw_files"]["results.csv"] = digest(folder / "results.csv")
+    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    rerun = verify_experiment("synthetic-ablation", folder, count=1, rng=random.Random(0),
+                              indices=[last], stream=io.StringIO())
+
+    # Assert: the hash fails first; with the hash forged, the relation and the rerun fail.
+    assert any("results.csv does not match the hash" in f
+               for f in _failures(checked, "provenance"))
+    assert any("max_dist = max(dist_opt1, dist_opt2) fails" in f
+               for f in _failures(rerun, "sanity"))
+    assert any(f"dist_opt1 committed '{edited}'" in f for f in _failures(rerun, "rerun"))
+
+
+@pytest.mark.timeout(600)
+def test_verify_reruns_an_in_process_row_exactly_and_a_changed_grid_fails(
+        root: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "dlg"
+    shutil.copytree(_ensure(root, "dlg"), folder)
+
+    verdict = verify_experiment("dlg", folder, count=1, rng=random.Random(0), indices=[0],
+                                stream=io.StringIO())
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    meta["row_settings"][0]["settings"]["keys"]["nu"] = 123.0
+    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    changed = verify_experiment("dlg", folder, count=1, rng=random.Random(0), indices=[0],
+                                stream=io.StringIO())
+
+    assert verdict.rows == [0] and _failures(verdict, "rerun") == []
+    assert changed.rows == []
+    assert any("its configuration changed in the code: /keys/nu: recorded 123.0" in f
+               for f in _failures(changed, "rerun"))

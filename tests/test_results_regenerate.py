@@ -15,7 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments.core.report import ORDER, RAW_DIR, not_regenerated, render
+from experiments.core.provenance import problems
+from experiments.core.registry import load
+from experiments.core.report import ORDER, RAW_DIR, RefusedRawFiles, not_regenerated, render
+from experiments.core.sanity import problems as sanity_problems
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 DOC = DOCS / "RESULTS.md"
@@ -58,10 +61,14 @@ def test_changing_a_committed_raw_value_changes_the_report(tmp_path: Path) -> No
             csv.writer(fh).writerows(changed)
 
         # Execute
-        text = render(raw, committed)
+        text = render(raw, committed, checked=False)
+        with pytest.raises(RefusedRawFiles) as refused:
+            render(raw, committed)
 
-        # Assert: the report is no longer the committed one (the regeneration test would fail).
+        # Assert: the report is no longer the committed one (the regeneration test would fail),
+        # and, checked as the report command checks, refuses the edited file by its hash.
         assert text != committed, f"changing {name}'s {rows[0][column]} changed nothing"
+        assert f"{name}: results.csv does not match the hash in meta.json" in str(refused.value)
         shutil.copy2(RAW / name / "results.csv", path)
 
 
@@ -85,7 +92,7 @@ def test_the_budgets_section_follows_each_column_it_reads(tmp_path: Path, column
         writer.writerows(rows)
 
     # Execute
-    text = render(raw, committed)
+    text = render(raw, committed, checked=False)
 
     # Assert: only that section changed, and it did.
     section = "## personalized-budgets\n"
@@ -136,3 +143,23 @@ def test_the_committed_commands_name_no_folder_of_the_machine_that_ran_them() ->
         command = json.loads(meta.read_text())["command"]
         assert command.startswith("python -m experiments "), (meta, command)
         assert "/" not in command.removeprefix("python -m experiments "), (meta, command)
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_each_committed_experiment_names_its_commit_and_matches_its_hashes(name: str) -> None:
+    # Every published raw file was written by a commit of this history from a clean checkout,
+    # is byte for byte what that run wrote, and records the settings of each of its rows.
+    meta = json.loads((RAW / name / "meta.json").read_text(encoding="utf-8"))
+
+    found = problems(RAW / name, meta)
+
+    assert found == [], found
+    assert len(meta["row_settings"]) == meta["rows"]
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_each_committed_experiment_satisfies_its_relations(name: str) -> None:
+    with open(RAW / name / "results.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+
+    assert sanity_problems(rows, load(name).checks) == []

@@ -67,6 +67,7 @@ from experiments.audits.dlg_report import (
 )
 from experiments.core.common import Context
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import flag, within
 
 NAME = "dlg"
 #: The attacks of the smoke profile: DLG (a soft label too) costs as much as iDLG and did no
@@ -335,4 +336,7 @@ def plot_reconstructions(done: Mapping[tuple[float, int], Trial], path: Path, *,
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, describe=describe, perform=perform,
                         report=report_section, paper="001 Fig. 5 / 000 §5.4",
-                        engine="in-process", profiles=PROFILES)
+                        engine="in-process", profiles=PROFILES,
+                        checks=(*within("mse", 0, float("inf")), *within("ssim", -1, 1),
+                                flag("recognised"), flag("closer_than_class_mean"),
+                                flag("label_recovered")))

@@ -31,6 +31,7 @@ from experiments.audits import privacy_report
 from experiments.audits import record_audit as ra
 from experiments.core.common import Context
 from experiments.core.runner import Cell, Experiment
+from experiments.core.sanity import within
 from experiments.core.tables import fmt
 
 NAME = "empirical-privacy"
@@ -304,4 +305,5 @@ def audit_section(rows: list[dict[str, str]]) -> list[str]:
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, shown=("charged", "epsilon_lb"),
                         perform=perform, report=audit_section,
                         paper="004 ch. 4: empirical ε against the charge",
-                        engine="in-process", profiles=PROFILES)
+                        engine="in-process", profiles=PROFILES,
+                        checks=tuple(within(("tpr", "fpr", "confidence", "exceed_rate"), 0, 1)))

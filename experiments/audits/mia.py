@@ -55,6 +55,7 @@ from experiments.audits.privacy_audit import epsilon_lower_bound
 from experiments.core.common import Context
 from experiments.core.figures import decorate, pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import within
 from experiments.core.tables import fmt, mean_ci
 
 NAME = "mia"
@@ -292,4 +293,7 @@ EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                                "cost_s_noisy"), perform=perform,
                         report=mia_section,
                         paper="004 ch. 4: membership inference (Fig. 4.4)", engine="in-process",
-                        profiles=PROFILES, volatile=TIMINGS)
+                        profiles=PROFILES, volatile=TIMINGS,
+                        checks=tuple(within(("accuracy_in", "accuracy_out",
+                                             *(f"{m}_{a}" for a in ATTACKS
+                                               for m in ("auc", "tpr_1", "tpr_01"))), 0, 1)))

@@ -73,7 +73,15 @@ MIA_TEXT = (
     "record is one trial of one model, so they measure that model, not the mechanism); the "
     "charged cost of each release is n/ν (Laplace, per distance ‖δ‖) or ε = 8 at δ = 1e-5 "
     "(Gaussian, device level). Cost: seconds of this run for each calibration (shadow: "
-    "training and scoring the shadows; noisy: the σ search and scoring).")
+    "training and scoring the shadows; noisy: the σ search and scoring). "
+    "**The thesis's own setting differs**: its comparison (ch. 4, Fig. 4.3-4.4) audits a "
+    "language model, GPT-2 pre-trained on OpenWebText and fine-tuned on 60 % of WikiText, "
+    "with 10 shadow models, 10 noisy neighbours per sample (noise at the output of the "
+    "embedding layer) and 126-token WikiText samples as non-members, without any local "
+    "privacy mechanism; ours audits gpfl's small classifiers (scikit-learn digits and "
+    "breast-cancer, one device's release) with and without gpfl's mechanisms, because no "
+    "language model or WikiText ships with the installed packages. A verdict below is about "
+    "these models, not about GPT-2.")
 MIA_LIMITS = (
     "How to read it. An evaluation half holds about 100 members and 100 non-members per seed "
     "on digits (400 candidates) and about 75 of each on breast-cancer (300), so TPR at FPR "

@@ -42,6 +42,7 @@ from experiments.core.claims import flow
 from experiments.core.common import PAPERS_AGGREGATION, Context
 from experiments.core.in_process import Manager, NodeProxy
 from experiments.core.runner import Cell, Experiment
+from experiments.core.sanity import at_most
 from experiments.core.tables import paired_difference, verdict, wilson
 from mechanisms import PrivacyLedger
 from server.app import build_components
@@ -416,4 +417,4 @@ def section(rows: list[dict[str, str]]) -> list[str]:
 EXPERIMENT = Experiment(name=NAME, columns=COLUMNS, grid=_grid, measure=_measure,
                         perform=_perform, describe=_describe, report=section,
                         paper="robustness against rogue devices", engine="in-process",
-                        profiles=PROFILES)
+                        profiles=PROFILES, checks=(at_most("spend_median", "spend_max"),))

@@ -21,6 +21,7 @@ from experiments.core.claims import flow
 from experiments.core.common import Context, FederationSpec
 from experiments.core.figures import decorate, pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import at_most
 from experiments.core.tables import mean_pm_ci
 
 NAME = "scale"
@@ -217,4 +218,5 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
 EXPERIMENT = Experiment(
     NAME, COLUMNS, grid, measure, figures, perform=perform,
     shown=("rounds_per_minute", "peak_rss_mb", "peak_processes", "wall_s"),
-    report=report_section, paper="≥ 1,000 virtual users on one machine", volatile=TIMINGS)
+    report=report_section, paper="≥ 1,000 virtual users on one machine", volatile=TIMINGS,
+    checks=(at_most("startup_s", "wall_s"), at_most("clients_per_round", "users")))

@@ -19,8 +19,10 @@ from typing import Any
 
 from experiments.core.claims import flow
 from experiments.core.provenance import federation_configs
+from experiments.core.provenance import problems as provenance_problems
 from experiments.core.registry import EXPERIMENTS, load
 from experiments.core.runner import ENGINES, Experiment
+from experiments.core.sanity import problems as sanity_problems
 from experiments.core.tables import fmt, read_csv
 
 __all__ = ["KEPT_MARKER", "ORDER", "RAW_DIR", "not_regenerated", "publish", "render",
@@ -171,6 +173,9 @@ def _profile_note(meta: dict[str, Any]) -> str:
     if "compute_s" in meta and meta.get("compute_finished") != when:
         note += (f"; the federations were run by the invocation that finished "
                  f"{meta.get('compute_finished', '?')}, in {fmt(_compute_s(meta), 4)} s")
+    commit = (meta.get("code") or {}).get("commit")
+    if commit:
+        note += f"; code: commit `{commit[:12]}`, a clean checkout"
     return note + ".*"
 
 
@@ -210,30 +215,78 @@ def _kept_note(name: str) -> str:
             f"`python -m experiments {name} --quick`, then `python -m experiments report`.")
 
 
-def write_report(root: Path, doc: Path) -> Path:
+def write_report(root: Path, doc: Path, *, checked: bool = True) -> Path:
     """Publish the raw files under ``root`` beside ``doc``, then write ``doc`` from them.
 
-    Returns the path of ``doc``.
+    Returns the path of ``doc``. ``checked=False`` publishes raw files that `refusals` would
+    refuse (the tests' hand-made rows, which no commit made).
+
+    Raises
+    ------
+    RefusedRawFiles
+        If a folder under ``root`` is refused; nothing is copied then.
     """
     doc = Path(doc)
     doc.parent.mkdir(parents=True, exist_ok=True)
     raw = doc.parent / RAW_DIR
+    # Refused before anything is copied: the published raw files stay as they were.
+    if checked and Path(root).resolve() != raw.resolve():
+        fresh = {name: _load(Path(root), name) for name in ORDER}
+        refused = refusals(Path(root), fresh, _experiments())
+        if refused:
+            raise RefusedRawFiles("the report refuses these raw files (nothing was published):"
+                                  "\n  " + "\n  ".join(refused))
     publish(Path(root), raw)
     previous = doc.read_text(encoding="utf-8") if doc.is_file() else ""
-    doc.write_text(render(raw, previous), encoding="utf-8")
+    doc.write_text(render(raw, previous, checked=checked), encoding="utf-8")
     return doc
 
 
-def render(raw: Path, previous: str) -> str:
+class RefusedRawFiles(ValueError):
+    """Raw files the report will not publish: no commit, a dirty run, a hash or a row amiss."""
+
+
+def refusals(raw: Path, loaded: dict[str, tuple[list[dict[str, str]], dict[str, Any]] | None],
+             experiments: dict[str, Experiment]) -> list[str]:
+    """Return why each experiment's raw files may not be published (empty: all may be).
+
+    The provenance of `experiments.core.provenance.problems` (a commit of this history, a
+    clean checkout, matching hashes, settings per row) and the relations its rows must
+    satisfy (`experiments.core.sanity`).
+    """
+    out = []
+    for name, item in loaded.items():
+        if item is None:
+            continue
+        rows, meta = item
+        found = provenance_problems(raw / name, meta) + sanity_problems(
+            rows, experiments[name].checks)
+        out += [f"{raw / name}: {problem}" for problem in found]
+    return out
+
+
+def render(raw: Path, previous: str, *, checked: bool = True) -> str:
     """Return the report written from the raw files under ``raw`` alone.
 
     ``previous`` (the report as it stands) gives the sections after `KEPT_MARKER` and those
     of experiments without raw files, kept as they are and marked. The same files give the
-    same text.
+    same text. ``checked=False`` skips `refusals` (the tests that edit a raw value to see the
+    text follow it).
+
+    Raises
+    ------
+    RefusedRawFiles
+        If raw files lack a commit, come from a dirty checkout, do not match their hashes or
+        break their experiment's relations.
     """
     loaded = {name: _load(raw, name) for name in ORDER}
-    kept_sections = previous_sections(previous)
     experiments = _experiments()
+    if checked:
+        refused = refusals(raw, loaded, experiments)
+        if refused:
+            raise RefusedRawFiles("the report refuses these raw files:\n  "
+                                  + "\n  ".join(refused))
+    kept_sections = previous_sections(previous)
     finished = sorted(str(item[1].get("finished", "")) for item in loaded.values() if item)
     out: list[str] = [
         "# Results: the papers' experiments, reproduced",

@@ -38,6 +38,7 @@ from rich.progress import Progress as RichProgress
 
 from experiments.core.common import Context, FederationSpec
 from experiments.core.provenance import jsonable
+from experiments.core.sanity import Check
 from experiments.core.tables import fmt, read_csv, write_csv
 
 __all__ = ["ENGINES", "Cell", "Experiment", "Progress", "Run", "run"]
@@ -140,6 +141,9 @@ class Experiment:
     volatile : Mapping
         Columns that a rerun cannot reproduce (a timing, a memory peak), each with the reason:
         ``python -m experiments verify`` compares every other column exactly.
+    checks : Sequence of Check
+        Relations every row must satisfy (`experiments.core.sanity`), applied by ``verify``
+        and the report to the committed rows.
     """
 
     name: str
@@ -155,13 +159,16 @@ class Experiment:
     engine: str = "simulation"
     profiles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     volatile: Mapping[str, str] = field(default_factory=dict)
+    checks: Sequence[Check] = ()
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {sorted(ENGINES)}, got {self.engine!r}")
-        unknown = sorted(set(self.volatile) - set(self.columns))
+        unknown = sorted(set(self.volatile).union(*(c.columns for c in self.checks))
+                         - set(self.columns))
         if unknown:
-            raise ValueError(f"volatile columns {unknown} are not columns of {self.name}")
+            raise ValueError(f"volatile or checked columns {unknown} are not columns of "
+                             f"{self.name}")
 
     def settings(self, ctx: Context, cell: Cell) -> dict[str, Any]:
         """Return what a row's configuration ran with, as JSON data, for ``meta.json``.

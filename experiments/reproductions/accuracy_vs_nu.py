@@ -36,6 +36,7 @@ from experiments.core.claims import claim, flat_claim, flow
 from experiments.core.common import Context, FederationSpec, laplace_or_none
 from experiments.core.figures import decorate, pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import at_most, flag, within
 from experiments.core.tables import CI_NAME, best_entry, mean_ci, paired_difference, spends_of
 
 NAME = "accuracy-vs-nu"
@@ -360,4 +361,7 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("accuracy", "best_round", "rounds"),
-                        report=report_section, paper="001 Table 2")
+                        report=report_section, paper="001 Table 2",
+                        checks=(*within(("accuracy", "mean_accuracy"), 0, 1),
+                                at_most("best_round", "rounds"), at_most("split_rounds", "rounds"),
+                                at_most("median_spend", "max_spend"), flag("stopped_early")))

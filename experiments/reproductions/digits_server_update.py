@@ -27,6 +27,7 @@ from deploy.quickstart import QUICKSTART_RUN_CONFIG, ROBUST_CLUSTERS
 from experiments.core.claims import flow
 from experiments.core.common import Context, FederationSpec
 from experiments.core.runner import Cell, Experiment
+from experiments.core.sanity import at_most, within
 from experiments.core.tables import (
     CI_NAME,
     best_entry,
@@ -201,4 +202,7 @@ def section(rows: list[dict[str, str]]) -> list[str]:
 
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, shown=("accuracy", "final_accuracy"),
-                        report=section, paper="001 Table 2 with gpfl's server update")
+                        report=section, paper="001 Table 2 with gpfl's server update",
+                        checks=(*within(("accuracy", "final_accuracy", "mean_accuracy"), 0, 1),
+                                at_most("best_round", "rounds"),
+                                at_most("median_spend", "max_spend")))

@@ -33,6 +33,7 @@ from experiments.core.claims import claim, flow
 from experiments.core.common import Context, FederationSpec, laplace_or_none
 from experiments.core.figures import decorate, pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import at_most, within
 from experiments.core.tables import (
     CI_NAME,
     best_entry,
@@ -279,4 +280,5 @@ def _gaps(rows: list[dict[str, str]], k: int) -> str:
 
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=COLUMNS[4:8],
-    report=report_section, paper="004 §2.5.2, Fig. 2.7-2.8")
+    report=report_section, paper="004 §2.5.2, Fig. 2.7-2.8",
+    checks=(*within(COLUMNS[4:8], 0, 1), at_most("best_round", "rounds")))

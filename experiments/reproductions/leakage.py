@@ -26,6 +26,7 @@ from experiments.core.claims import flow
 from experiments.core.common import Context, FederationSpec, laplace_or_none
 from experiments.core.figures import decorate, pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import at_most
 from experiments.core.tables import fmt, mean_ci, spends_of
 from experiments.reproductions import accuracy_vs_nu
 
@@ -234,4 +235,5 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("median_spend", "max_spend"),
-    report=report_section, paper="001 Table 1")
+    report=report_section, paper="001 Table 1",
+    checks=(at_most("median_spend", "max_spend"), at_most("participating", "clients")))

@@ -58,6 +58,7 @@ from typing import Any
 from experiments.core.common import Context, FederationSpec
 from experiments.core.figures import pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import at_most, within
 from experiments.core.tables import (
     best_entry,
     last_entry,
@@ -278,4 +279,7 @@ def plot(rows: list[dict[str, str]], panel: str, path: Path) -> Path:
 
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures, shown=("accuracy",),
-                        report=report_section, paper="002 §5, Fig. 2-7")
+                        report=report_section, paper="002 §5, Fig. 2-7",
+                        checks=(*within("accuracy", 0, 1), at_most("best_round", "rounds"),
+                                at_most("min_epsilon", "max_epsilon"),
+                                at_most("min_sigma", "max_sigma")))

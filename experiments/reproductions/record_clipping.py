@@ -48,6 +48,7 @@ import numpy as np
 
 from experiments.core.common import Context
 from experiments.core.runner import Cell, Experiment
+from experiments.core.sanity import within
 from experiments.core.tables import CI_NAME, mean_ci, paired_difference
 
 NAME = "record-clipping"
@@ -340,4 +341,5 @@ def describe(row: dict[str, Any], result: dict[str, Any]) -> str:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, describe=describe, perform=perform,
                         report=report_section, paper="004 §3.7 (OSO-DPSGD vs grid searches)",
-                        engine="in-process", profiles=PROFILES)
+                        engine="in-process", profiles=PROFILES,
+                        checks=tuple(within(("accuracy", "val_accuracy"), 0, 1)))

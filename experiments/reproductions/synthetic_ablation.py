@@ -34,6 +34,7 @@ from experiments.core.claims import claim, flow
 from experiments.core.common import Context, FederationSpec
 from experiments.core.figures import decorate, pyplot, save
 from experiments.core.runner import Cell, Experiment, Run
+from experiments.core.sanity import at_most, equals_max, flag
 from experiments.core.tables import CI_NAME, fmt, mean_pm_ci, paired_difference, spends_of
 from server.results import optima_distances
 
@@ -329,4 +330,6 @@ def report_section(rows: list[dict[str, str]]) -> list[str]:
 
 EXPERIMENT = Experiment(NAME, COLUMNS, grid, measure, figures,
                         shown=("dist_opt1", "dist_opt2", "best_val_loss", "best_round"),
-    report=report_section, paper="001 §4.1, Fig. 1-2")
+    report=report_section, paper="001 §4.1, Fig. 1-2",
+    checks=(equals_max("max_dist", ("dist_opt1", "dist_opt2")), at_most("best_round", "rounds"),
+            at_most("median_spend", "max_spend"), flag("stopped_early")))
