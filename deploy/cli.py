@@ -9,6 +9,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from deploy.predict import add_arguments as predict_arguments
+
 #: What ``gpfl --help`` says gpfl is, in one line.
 DESCRIPTION = ("gpfl: group-private, personalized federated learning on Flower (clustered FL "
                "with local differential privacy on every device).")
@@ -196,6 +198,12 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _predict(args: argparse.Namespace) -> int:
+    from deploy.predict import run
+
+    return run(args)
+
+
 def _certs(args: argparse.Namespace) -> int:
     from deploy.certs import describe_deployment, make_deployment
 
@@ -354,6 +362,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true",
                    help="print the same as JSON (releases, spend, caps, remaining, federations)")
     p.set_defaults(func=_ledger)
+
+    p = sub.add_parser(
+        "predict", help="score a run's delivered models on your data and predict with the best",
+        description="Load a run's delivered models (RUN/models, in the task's own format), "
+                    "score each on the records of --data, and predict with the one that fits "
+                    "them best (lowest loss, as validation assigns a user) or with --hypothesis. "
+                    "In Python: tasks.delivered.load_delivered(RUN).")
+    predict_arguments(p)
+    p.set_defaults(func=_predict)
 
     p = sub.add_parser("plot", help="draw figure.png of a run directory")
     p.add_argument("run_dir", help="the run directory (it holds summary.json)")

@@ -261,6 +261,38 @@ def _hypotheses_line(hypotheses: list[list[float]] | dict[str, Any], out: Path) 
         for h in hypotheses)
 
 
+def _models_lines(summary: dict[str, Any], out: Path) -> list[str]:
+    """Say the delivered models: each one's validation metric and users, and how to load them."""
+    models = summary.get("models")
+    if not models:
+        return []
+    metric = models.get("metric", "loss")
+    parts = []
+    for entry in models.get("models", []):
+        validation = entry.get("validation") or {}
+        users = int(validation.get("users", 0))
+        value = validation.get(metric)
+        parts.append(f"hypothesis {entry['hypothesis']}: "
+                     + (f"{metric} {value:.3f} on {users} validation users" if value is not None
+                        else "no validation user fits it best"))
+    return [f"gpfl: delivered models (round {models.get('best_round')}, "
+            f"{out / models['folder']}): " + "; ".join(parts),
+            f"gpfl: use them: gpfl predict {out} --data FILE, or in Python "
+            f"tasks.delivered.load_delivered({str(out)!r})"]
+
+
+def _best_line(summary: dict[str, Any]) -> str:
+    """Say the best validation round's loss, and the task's metric in it where it has one."""
+    line = f"gpfl: best validation loss {summary.get('best_val_loss')}"
+    metric = (summary.get("models") or {}).get("metric")
+    best = next((e for e in summary.get("history", [])
+                 if e.get("round") == summary.get("best_round")), None)
+    value = (best or {}).get("val_metrics", {}).get(metric) if metric else None
+    if metric and metric != "loss" and value is not None:
+        line += f", {metric} {value:.4f} (round {summary.get('best_round')})"
+    return line
+
+
 def describe(result: LaunchResult) -> str:
     """Return the closing lines printed after a launch."""
     s = result.summary
@@ -275,8 +307,9 @@ def describe(result: LaunchResult) -> str:
         + (f" ({s.get('rounds_completed')} changed the hypotheses)"
            if s.get("last_round", s.get("rounds_completed")) != s.get("rounds_completed") else "")
         + (" (stopped early: no improvement)" if s.get("stopped_early") else ""),
-        f"gpfl: best validation loss {s.get('best_val_loss')}",
+        _best_line(s),
         _hypotheses_line(s.get("hypotheses") or [], result.out_dir),
+        *_models_lines(s, result.out_dir),
         *([] if not s.get("optima_distances") else [
             "gpfl: distance from each optimum to its nearest hypothesis: "
             + ", ".join(f"{d:.3f}" for d in s["optima_distances"])]),

@@ -187,8 +187,12 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     saved_identity = checkpoint[0]["identity"] if checkpoint is not None else {}
     if checkpoint is None or "federation-id" in saved_identity:
         identity["federation-id"] = saved_identity.get("federation-id") or secrets.token_hex(16)
+    # What rebuilds the task where its models are loaded: its own settings, not this side's
+    # data file or device.
+    task_config = {key: settings.values[key] for key in type(task).run_config_keys
+                   if key in settings.values and key not in ("data-path", "device")}
     recorder = RunRecorder(out_dir, run_config, settings.num_rounds, settings.mechanism, task_info,
-                           identity=identity)
+                           identity=identity, task=task, task_config=task_config)
     strategy = ClusteredStrategy(
         initial_hypotheses=hypotheses,
         clients_per_round=settings.clients_per_round,

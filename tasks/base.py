@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
@@ -40,6 +41,7 @@ __all__ = [
     "check_training_args",
     "evaluate_best_hypothesis",
     "minibatches",
+    "per_hypothesis",
     "resolve_users",
     "user_seed",
 ]
@@ -255,9 +257,79 @@ class Task(ABC):
     def loss(self, params: Params, data: Dataset) -> float:
         """Return the loss of the model ``params`` on ``data`` (lower is better)."""
 
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """Return the model's outputs on ``x``: a classifier's logits, a regression's values.
+
+        Raises
+        ------
+        NotImplementedError
+            For a task that does not say how its model predicts.
+        """
+        raise NotImplementedError(f"task {self.name!r} does not implement predict")
+
     def user_metrics(self, params: Params, data: Dataset) -> dict[str, float]:
         """Return the metrics of ``params`` on one user's data; ``"loss"`` is always present."""
         return {"loss": self.loss(params, data)}
+
+    @property
+    def metric(self) -> str:
+        """The task's headline metric: ``"accuracy"`` for a classifier, else ``"loss"``.
+
+        The round lines, ``summary.json`` and the delivered models' manifest name it; higher
+        is better for accuracy, lower for a loss (`metric_higher_is_better`).
+        """
+        return "accuracy" if self.is_classifier else "loss"
+
+    @property
+    def metric_higher_is_better(self) -> bool:
+        """Whether a larger `metric` is better."""
+        return self.metric != "loss"
+
+    # -- delivered models -------------------------------------------------------------------
+    #: How `save_model` writes a model: ``"numpy"`` (an ``.npz`` of the layers, in order).
+    model_format = "numpy"
+    #: The file suffix of that format.
+    model_suffix = ".npz"
+
+    def save_model(self, params: Params, path: Path) -> Path:
+        """Write one model in the task's own format (NumPy: ``layer_0``, ``layer_1``, ...)."""
+        self._check(params)
+        layers: dict[str, Any] = {f"layer_{i}": np.asarray(a) for i, a in enumerate(params)}
+        with open(path, "wb") as fh:
+            np.savez(fh, **layers)
+        return path
+
+    def load_model(self, path: Path) -> Params:
+        """Read a model that `save_model` wrote; its shapes must be this task's.
+
+        Raises
+        ------
+        ValueError
+            If the file holds other layers or shapes than the task's model.
+        """
+        with np.load(path, allow_pickle=False) as saved:
+            names = sorted(saved.files, key=lambda n: int(n.split("_")[-1]))
+            params = [np.asarray(saved[n]) for n in names]
+        check_params(params, self.parameter_shapes)
+        return params
+
+    def class_names(self) -> list[str] | None:
+        """Return the label of each output of a classifier where it has names (None: its index)."""
+        return None
+
+    def file_dataset(self, path: Path) -> Dataset:
+        """Read a user's data from a file, for scoring and predicting with delivered models.
+
+        The default reads an ``.npz`` with arrays ``x`` (features, the model's input shape per
+        sample) and ``y`` (labels or targets); a task whose users hold files of another kind
+        (the tabular task's CSV) overrides it.
+        """
+        with np.load(path, allow_pickle=False) as saved:
+            missing = sorted({"x", "y"} - set(saved.files))
+            if missing:
+                raise TaskDataError(f"{path} must hold arrays x and y, lacks {missing}")
+            x, y = np.asarray(saved["x"]), np.asarray(saved["y"])
+        return Dataset(x=x, y=y, group=np.full(len(y), -1, dtype=np.int64), user=Path(path).name)
 
     def best_hypothesis(self, params_list: Sequence[Params], data: Dataset) -> int:
         """Return the index of the hypothesis with the lowest loss on ``data`` (first on ties)."""
@@ -367,7 +439,27 @@ def evaluate_best_hypothesis(
     params_list: Sequence[Params],
     datasets: Sequence[Dataset],
 ) -> dict[str, float]:
-    """Mean over users of each user's metrics under its best hypothesis (see `best_fits`)."""
+    """Mean over users of each user's metrics under its best hypothesis (see `best_fits`).
+
+    Adds `per_hypothesis`: how many users each hypothesis serves and their mean metrics.
+    """
     fits = best_fits(metrics_fn, params_list, datasets)
     keys = fits[0].metrics.keys()
-    return {key: float(np.mean([fit.metrics[key] for fit in fits])) for key in keys}
+    return {**{key: float(np.mean([fit.metrics[key] for fit in fits])) for key in keys},
+            **per_hypothesis(fits, len(params_list), keys)}
+
+
+def per_hypothesis(fits: Sequence[BestFit], k: int, keys: Iterable[str]) -> dict[str, float]:
+    """Each hypothesis's users and the mean of their ``keys`` under it, as flat entries.
+
+    ``hypothesis_<j>_users`` (how many validation users it fits best) and, where it serves
+    any, ``hypothesis_<j>_<key>``: flat floats, so that they travel where Flower's metrics do.
+    """
+    out: dict[str, float] = {}
+    listed = list(keys)
+    for j in range(k):
+        served = [fit.metrics for fit in fits if fit.index == j]
+        out[f"hypothesis_{j}_users"] = float(len(served))
+        for key in listed if served else []:
+            out[f"hypothesis_{j}_{key}"] = float(np.mean([m[key] for m in served]))
+    return out

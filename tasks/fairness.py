@@ -36,7 +36,7 @@ from fractions import Fraction
 import numpy as np
 
 from settings import SETTINGS
-from tasks.base import Dataset, Params, Schedule, best_fits
+from tasks.base import Dataset, Params, Schedule, best_fits, per_hypothesis
 from tasks.config import TaskSettingsError
 from tasks.generated import GeneratedTask
 
@@ -151,6 +151,7 @@ def evaluate_with_fairness(
     result = {
         key: float(np.mean([fit.metrics[key] for fit in fits])) for key in ("loss", "accuracy")
     }
+    result.update(per_hypothesis(fits, len(params_list), ("loss", "accuracy")))
     y_pred = np.concatenate(
         [predict_labels(params_list[fit.index], d.x) for fit, d in zip(fits, datasets, strict=True)]
     )

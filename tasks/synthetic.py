@@ -94,6 +94,11 @@ class SyntheticTask(GeneratedTask):
         weights = np.asarray(params[0], dtype=np.float64)
         return rmse(data.x @ weights - data.y)
 
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """Return the linear model's values ``x @ w`` (float64)."""
+        self._check(params)
+        return np.asarray(x, dtype=np.float64) @ np.asarray(params[0], dtype=np.float64)
+
     def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
         """Mini-batch gradient descent on the RMSE, float64 inside; ``device`` is ignored."""
         weights = np.array(params[0], dtype=np.float64)

@@ -33,8 +33,10 @@ read nothing.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -184,6 +186,20 @@ class TabularTask(TorchTask):
             x = table.x.astype(np.float32)
         return Dataset(x=x, y=table.y.copy(), group=np.full(len(table), -1, dtype=np.int64),
                        user=user)
+
+    def file_dataset(self, path: Path) -> Dataset:
+        """Read a user's CSV or Parquet file as the devices read theirs (`Task.file_dataset`).
+
+        The same columns, classes and standardization as the run's; a file without the label
+        column, or with a label outside ``classes``, is refused with the column named.
+        """
+        reader = copy.copy(self)
+        reader.data_path = os.fspath(path)
+        return reader._dataset(reader._read("--data"), user=Path(path).name)
+
+    def class_names(self) -> list[str] | None:
+        """Return the label values, in the order of the model's outputs (``classes``)."""
+        return list(self.classes)
 
     @classmethod
     def declared_shapes(cls, config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -230,6 +231,41 @@ class TorchTask(Task):
                 torch.as_tensor(_writable(np.asarray(x, dtype=np.float32)), device=device)
             )
         return output.to("cpu").numpy()
+
+    # -- delivered models -------------------------------------------------------------------
+    model_format = "torch"
+    model_suffix = ".pt"
+
+    def save_model(self, params: Params, path: Path) -> Path:
+        """Write one model as the module's ``state_dict`` (``torch.save``; load it into `model`).
+
+        ``task.model().load_state_dict(torch.load(path, weights_only=True))`` gives the torch
+        module, as any PyTorch user loads one.
+        """
+        self._check(params)
+        names = list(self.model().state_dict())
+        state = {name: torch.from_numpy(np.array(a, copy=True))
+                 for name, a in zip(names, params, strict=True)}
+        torch.save(state, path)
+        return path
+
+    def load_model(self, path: Path) -> Params:
+        """Read a ``state_dict`` that `save_model` wrote, as the task's layers in order.
+
+        Raises
+        ------
+        ValueError
+            If the file's entries are not the model's (names or shapes).
+        """
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        names = list(self.model().state_dict())
+        if not isinstance(state, dict) or list(state) != names:
+            found = list(state) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f"{path} holds {found}, not the entries of this task's model "
+                             f"({names})")
+        params = [state[name].numpy() for name in names]
+        check_params(params, self.parameter_shapes)
+        return params
 
     # -- training ---------------------------------------------------------------------------
     def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:

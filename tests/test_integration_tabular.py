@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from deploy.cli import main as cli_main
 from deploy.launcher import Federation, project_root, stream_lines
 from experiments.reproductions.tabular_seeds import (
     POLICY,
@@ -25,6 +27,7 @@ from experiments.reproductions.tabular_seeds import (
     held_out_accuracy,
     write_files,
 )
+from tasks.delivered import load_delivered
 from tests.conftest import close_federation, descendants, ledger_spend, write_task_plugin
 
 pytestmark = pytest.mark.integration
@@ -107,10 +110,73 @@ def test_tabular_learns_over_real_processes(federation: tuple[Federation, dict])
     for name in NAMES:
         assert after[name][0] - before[name][0] == RUN["num-rounds"]
         assert after[name][1] - before[name][1] == pytest.approx(RUN["num-rounds"] * 8 / 2)
-    accuracy = held_out_accuracy(summary["hypotheses"], files["test"])
+    accuracy = held_out_accuracy(fed.workdir / "tabular", files["test"])
     print(f"held-out accuracy {accuracy:.3f}, majority-class rate {files['majority']:.3f}")
     assert accuracy > files["majority"] + MARGIN
 
+
+def test_the_run_reports_its_accuracy_and_delivers_models_that_predict(
+    federation: tuple[Federation, dict], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: the learning run above (its folder), or this run alone.
+    fed, files = federation
+    out = fed.workdir / "tabular"
+    if not (out / "models" / "models.json").is_file():
+        run(fed, "tabular", {**RUN, "seed": SEED, "server-data-path": str(files["validation"])})
+    summary = json.loads((out / "summary.json").read_text())
+    log = (fed.logs / "tabular.log").read_text()
+
+    # Execute: load the models as the docs say, and `gpfl predict` on each site's held-out
+    # rows (a site is a user: the method serves each with the hypothesis that fits it best).
+    delivered = load_delivered(out)
+    names = delivered.task.class_names()
+    assert names is not None
+    accuracies, printed, codes = [], [], []
+    for site, path in _site_files(files["test"], fed.workdir / "held-out").items():
+        test = delivered.task.file_dataset(path)
+        fit = delivered.fit(test)
+        labels = delivered.predict_labels(test.x, fit.hypothesis)
+        truth = [names[int(v)] for v in test.y]
+        accuracies.append(sum(p == t for p, t in zip(labels, truth, strict=True)) / len(truth))
+        codes.append(cli_main(["predict", str(out), "--data", str(path),
+                               "--out", str(fed.workdir / f"predictions-{site}.csv")]))
+        printed.append((fit, accuracies[-1], len(truth), capsys.readouterr().out))
+
+    # Assert: each round line and the summary carry the validation accuracy, overall and per
+    # hypothesis (its validation users summing to all of them) ...
+    last = summary["history"][-1]["val_metrics"]
+    assert f"round {RUN['num-rounds']}/{RUN['num-rounds']} val_loss " in log
+    assert f"val_accuracy {last['accuracy']:.3f} (h0 " in log
+    assert last["hypothesis_0_users"] + last["hypothesis_1_users"] == 2  # the two sites
+    # ... the models are the summary's delivered hypotheses, in the task's torch format ...
+    assert summary["models"]["metric"] == "accuracy"
+    assert [m["file"] for m in summary["models"]["models"]] == ["hypothesis-0.pt",
+                                                                 "hypothesis-1.pt"]
+    for flat, params in zip(summary["hypotheses"], delivered.hypotheses, strict=True):
+        assert np.concatenate([a.ravel() for a in params]).tolist() == pytest.approx(flat)
+    # ... and gpfl predict prints, per site, the accuracy the loaded models give on held-out
+    # rows, which beats the majority class as the held-out check above does.
+    assert codes == [0, 0]
+    for fit, accuracy, count, text in printed:
+        assert (f"hypothesis {fit.hypothesis}: loss {fit.metrics[fit.hypothesis]['loss']:.4f}, "
+                f"accuracy {accuracy:.4f}  <- fits best") in text
+        assert f"gpfl predict: {count} records of " in text
+    assert sum(accuracies) / len(accuracies) > files["majority"] + MARGIN
+    rows = (fed.workdir / "predictions-a.csv").read_text().splitlines()
+    assert rows[0] == "record,prediction,label" and len(rows) == printed[0][2] + 1
+
+
+def _site_files(test_csv: Path, folder: Path) -> dict[str, Path]:
+    """Split a held-out CSV into one file per site (its ``validation-column``)."""
+    header, *lines = test_csv.read_text().splitlines()
+    column = header.split(",").index(RUN["validation-column"])
+    folder.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    for site in sorted({line.split(",")[column] for line in lines}):
+        out[site] = folder / f"{site}.csv"
+        out[site].write_text("\n".join([header, *(line for line in lines
+                                                   if line.split(",")[column] == site)]) + "\n")
+    return out
 
 def test_a_task_the_device_does_not_allow_is_declined(federation: tuple[Federation, dict]) -> None:
     # Prepare: device 3 allows tabular only.

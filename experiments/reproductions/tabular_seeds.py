@@ -84,21 +84,19 @@ def write_files(folder: Path, seed: int) -> dict[str, Any]:
             "test": folder / "test.csv", "majority": majority}
 
 
-def held_out_accuracy(hypotheses: list[list[float]], test_csv: Path) -> float:
-    """Accuracy on ``test_csv`` of flat ``hypotheses`` (summary.json's), best fit per group."""
-    from tasks import load_task
+def held_out_accuracy(run_dir: Path, test_csv: Path) -> float:
+    """Accuracy on ``test_csv`` of the run's delivered models, best fit per group.
 
-    task = load_task({**RUN, "data-path": str(test_csv), "device": "cpu"})
-    shapes = task.parameter_shapes
-    params = []
-    for flat in hypotheses:
-        values, layers = np.asarray(flat, dtype=np.float32), []
-        for shape in shapes:
-            size = int(np.prod(shape))
-            layers.append(values[:size].reshape(shape))
-            values = values[size:]
-        params.append(layers)
-    return task.evaluate(params, task.validation_datasets())["accuracy"]
+    The models are loaded as a user loads them (`tasks.delivered.load_delivered`); the test
+    file is split into its groups (``validation-column``) as the server splits its own.
+    """
+    from tasks import load_task
+    from tasks.delivered import load_delivered
+
+    delivered = load_delivered(run_dir)
+    reader = load_task({**delivered.manifest["task_config"], "task": delivered.manifest["task"],
+                        "data-path": str(test_csv), "device": "cpu"})
+    return delivered.evaluate(reader.validation_datasets())["accuracy"]
 
 
 def device_nodes(files: dict[str, Any], seed: int) -> dict[int, dict[str, Any]]:
@@ -113,10 +111,10 @@ def run_seed(seed: int, out: Path) -> tuple[float, float]:
 
     files = write_files(out / "data", seed)
     nodes = device_nodes(files, seed)
-    result = launch(supernodes=len(GROUPS), run_config={
+    launch(supernodes=len(GROUPS), run_config={
         **RUN, "seed": seed, "server-data-path": str(files["validation"])},
         out_dir=out / "run", node_configs=nodes, policy=POLICY, echo=lambda line: None)
-    return held_out_accuracy(result.summary["hypotheses"], files["test"]), files["majority"]
+    return held_out_accuracy(out / "run", files["test"]), files["majority"]
 
 
 def main(argv: list[str] | None = None) -> int:
