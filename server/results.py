@@ -411,15 +411,39 @@ def plot_summary(summary: Mapping[str, Any], path: Path) -> Path | None:
     if not xs and not two_d:
         plt.close(fig)
         return None
-    ax_loss.plot(xs, ys, marker="o", ms=3)
+    ax_loss.plot(xs, ys, marker="o", ms=3, color="tab:blue", label="validation loss")
     ax_loss.set_xlabel("round")
     ax_loss.set_ylabel("validation loss")
-    ax_loss.set_title("Validation loss (best hypothesis per user)")
+    ax_loss.set_title("Validation (best hypothesis per user)")
+    _plot_metric(ax_loss, history)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _plot_metric(ax_loss: Any, history: list[dict[str, Any]]) -> None:
+    """Draw a classifier's validation accuracy on a second axis: overall and per hypothesis.
+
+    Each hypothesis's curve is the mean accuracy of the validation users it fits best (a round
+    where it fits none leaves a gap).
+    """
+    validated = [e for e in history if "accuracy" in (e.get("val_metrics") or {})]
+    if not validated:
+        return
+    ax = ax_loss.twinx()
+    rounds = [e["round"] for e in validated]
+    ax.plot(rounds, [e["val_metrics"]["accuracy"] for e in validated], color="black",
+            marker="s", ms=3, label="accuracy")
+    k = max(len(e.get("cluster_sizes", [])) for e in validated)
+    for j in range(k if k > 1 else 0):
+        values = [e["val_metrics"].get(f"hypothesis_{j}_accuracy", math.nan) for e in validated]
+        ax.plot(rounds, values, linestyle="--", lw=1, color=f"C{j + 1}",
+                label=f"accuracy, hypothesis {j}'s users")
+    ax.set_ylabel("validation accuracy")
+    ax.set_ylim(0.0, 1.0)
+    ax.legend(loc="center right", fontsize=7)
 
 
 class RunRecorder:

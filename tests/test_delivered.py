@@ -82,7 +82,7 @@ def test_a_model_written_in_the_tasks_format_reads_back_the_same(
 
 
 def test_a_model_of_another_shape_is_refused(tabular: tuple[Path, dict], tmp_path: Path) -> None:
-    folder, config = tabular
+    _, config = tabular
     small = load_task(config)
     wide = load_task({**config, "tabular-model": "mlp"})
     path = wide.save_model(wide.init_parameters(np.random.default_rng(0)), tmp_path / "m.pt")

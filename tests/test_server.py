@@ -183,8 +183,8 @@ def test_the_round_line_shows_the_largest_distance_to_the_optima() -> None:
 
     from server.results import round_line
 
-    record = SimpleNamespace(round=3, val_loss=0.7, cluster_sizes=[5, 5], replies=10,
-                             missing=[], declined=0, dropped=[], failures=0, kept=None)
+    record = SimpleNamespace(round=3, val_loss=0.7, val_metrics={}, cluster_sizes=[5, 5],
+                             replies=10, missing=[], declined=0, dropped=[], failures=0, kept=None)
     line = round_line(record, 40, {"median": 1.2, "max": 1.6}, [0.31, 2.5])
     assert "round 3/40" in line and line.endswith("spend(median/max) 1.2/1.6 to-optima 2.50")
     assert "to-optima" not in round_line(record, 40, {}, None)

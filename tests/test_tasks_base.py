@@ -285,12 +285,17 @@ def test_evaluate_takes_best_hypothesis_per_user() -> None:
     hypotheses = [[np.array([0.0], np.float32)], [np.array([10.0], np.float32)]]
     users = [_user(1.0), _user(9.0), _user(4.0)]
     # best losses: 1 (h0), 1 (h1), 4 (h0) -> mean 2; accuracies all 0 (losses >= 0.5)
-    assert task.evaluate(hypotheses, users) == {"loss": 2.0, "accuracy": 0.0}
+    assert task.evaluate(hypotheses, users) == {
+        "loss": 2.0, "accuracy": 0.0,
+        # h0 serves users 1 and 3 (losses 1 and 4), h1 user 2 (loss 1).
+        "hypothesis_0_users": 2.0, "hypothesis_0_loss": 2.5, "hypothesis_0_accuracy": 0.0,
+        "hypothesis_1_users": 1.0, "hypothesis_1_loss": 1.0, "hypothesis_1_accuracy": 0.0}
     fits = best_fits(task.user_metrics, hypotheses, users)
     assert [f.index for f in fits] == [0, 1, 0]
     assert task.best_hypothesis(hypotheses, users[1]) == 1
     # the order of the hypotheses does not matter
-    assert task.evaluate(hypotheses[::-1], users) == {"loss": 2.0, "accuracy": 0.0}
+    reversed_order = task.evaluate(hypotheses[::-1], users)
+    assert (reversed_order["loss"], reversed_order["accuracy"]) == (2.0, 0.0)
 
 
 def test_evaluate_ignores_nan_hypothesis_and_rejects_empty_input() -> None:

@@ -160,7 +160,9 @@ def test_training_reduces_the_rmse(cms_csv: Path) -> None:
         )
     assert all(a.dtype == np.float32 for a in params)
     assert task.loss(params, data) < 0.7 * before
-    assert set(task.evaluate([params], task.validation_datasets())) == {"loss"}
+    scores = task.evaluate([params], task.validation_datasets())
+    assert scores["hypothesis_0_users"] == len(task.validation_datasets())
+    assert {k for k in scores if not k.startswith("hypothesis_")} == {"loss"}
 
 
 def test_errors_name_the_setting(tmp_path: Path, cms_csv: Path) -> None:
