@@ -17,7 +17,7 @@ releases (not additive: one release's cost is the ε of one release alone).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ from mechanisms import LedgerCorruptError, PrivacyLedger
 from mechanisms.accountant import BudgetExceededError, LedgerEntry, check_cap, compose
 from mechanisms.events import PrivacyEvent
 
-__all__ = ["DeviceBudget", "budget_lines", "plan_budgets", "shapes_of"]
+__all__ = ["DeviceBudget", "budget_lines", "meaning", "plan_budgets", "shapes_of", "weakness"]
 
 #: The setting that caps each family, as a device owner names it.
 CAP_SETTING = {"d-privacy": "cap-d-privacy", "rdp": "cap-epsilon",
@@ -77,6 +77,8 @@ class DeviceBudget:
     releases: int | None
     rounds: int
     note: str = ""
+    family: str = ""
+    parameters: int = 0
 
     @property
     def covers(self) -> bool:
@@ -88,7 +90,9 @@ class DeviceBudget:
         return {"unit": self.unit, "cost": self.cost, "cap": self.cap,
                 "cap_setting": self.cap_setting, "spent": self.spent,
                 "releases": self.releases, "rounds": self.rounds, "covers": self.covers,
-                **({"note": self.note} if self.note else {})}
+                **({"note": self.note} if self.note else {}),
+                **({"meaning": meaning(self)} if meaning(self) else {}),
+                **({"warning": weakness(self)} if weakness(self) else {})}
 
 
 def _unit(family: str, delta: float) -> str:
@@ -130,7 +134,7 @@ def _plan_one(settings: ClientSettings, event: PrivacyEvent, rounds: int) -> Dev
         entries.append(one)
         releases += 1
     return DeviceBudget(settings.name, unit, cost, cap, CAP_SETTING.get(family), spent,
-                        releases, rounds)
+                        releases, rounds, family=family)
 
 
 def _event(settings: ClientSettings, zeros: list[np.ndarray], hypotheses: int) -> PrivacyEvent:
@@ -185,7 +189,8 @@ def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str,
                 plans.append(DeviceBudget(settings.name, "none", None, None, None, 0.0, None,
                                           rounds, note=f"declines the run: {err}"))
                 continue
-        plans.append(_plan_one(settings, cache[key], rounds))
+        plan = _plan_one(settings, cache[key], rounds)
+        plans.append(replace(plan, parameters=sum(int(np.prod(s)) for s in shapes)))
     return plans
 
 
@@ -213,6 +218,11 @@ def budget_lines(plans: list[DeviceBudget]) -> list[str]:
             f"gpfl: budget of {who}: one release costs {_number(cost)} {unit}; "
             f"{setting}={_number(cap)} (spent {_number(spent)}) pays {paid} more; "
             f"the run asks for {rounds} rounds")
+        plan = next(p for p in plans if p.name == names[0])
+        if meaning(plan):
+            lines.append(f"gpfl: budget of {who}, in words: {meaning(plan)}")
+        if weakness(plan):
+            lines.append(f"gpfl: WARNING for {who}: {weakness(plan)}")
         if releases is not None and releases < rounds:
             what = (f"pays {releases} of the {rounds} rounds: after that the device declines"
                     if releases else "pays no round: the device declines every one")
@@ -221,6 +231,68 @@ def budget_lines(plans: list[DeviceBudget]) -> list[str]:
                 f"node config or --policy), {CHEAPER.get(str(setting), 'add noise')} (a release "
                 "then costs less), or lower num-rounds")
     return lines
+
+
+def meaning(plan: DeviceBudget) -> str:
+    """Say what one release's cost and the cap mean, in words a device owner can check.
+
+    d-privacy (Laplace): a release bounds how much better the release tells apart any two
+    model vectors at distance d, by a factor e^{ε·d}; the ledger charges ε·r, r being the
+    neighbourhood radius the release was calibrated to (the update's norm under the
+    neighbourhood calibration), so within the neighbourhood the factor is e^{cost} and it
+    stays under e (the factor usually taken as a meaningful bound) only within r / cost of
+    the released model. Gaussian and sign: one release alone is (ε, δ)-DP of the device's
+    whole data; the cap bounds the composed ε of all releases (RDP or PLD, not a sum).
+    """
+    if plan.cost is None or plan.note:
+        return ""
+    paid = ("as many releases as the run asks" if plan.releases is None
+            else f"{plan.releases} release{'s' if plan.releases != 1 else ''}")
+    budget = (f" {plan.cap_setting}={_number(plan.cap)} (spent {_number(plan.spent)}) pays "
+              f"{paid} of the {plan.rounds} rounds.")
+    if plan.family == "d-privacy":
+        within = ("within the whole neighbourhood" if plan.cost <= 1
+                  else f"only within r/{plan.cost:.3g} of it")
+        return (f"a release keeps the device's model indistinguishable from every model within "
+                f"its neighbourhood (radius r, the norm of its update) up to a factor "
+                f"e^{plan.cost:.3g}; the factor stays under e {within}; releases add up "
+                f"(Σ ε·r)." + budget)
+    if plan.family == "rdp":
+        return (f"one release alone is (ε = {plan.cost:.3g}, δ)-differentially private for the "
+                f"device's whole data set: any change of that data changes the probability of "
+                f"any release by at most e^{plan.cost:.3g} (plus δ); the cap bounds the "
+                f"composed ε of all releases (RDP or PLD), which grows slower than their sum."
+                + budget)
+    if plan.family == "record":
+        return (f"one release alone is (ε = {plan.cost:.3g}, δ)-differentially private for each "
+                f"record of the device (the device's aggregate statistics are not protected); "
+                f"the cap bounds the composed record-level ε." + budget)
+    return ""
+
+
+#: The per-release cost above which a guarantee is called weak: e^2 ≈ 7.4 times more likely.
+WEAK_COST = 2.0
+
+
+def weakness(plan: DeviceBudget) -> str:
+    """Warn where a release's guarantee is weak, and name what gives a meaningful one.
+
+    The neighbourhood calibration charges n/ν a release, so its cost grows with the number of
+    parameters n: beyond a few parameters it bounds little (e^12.4 for a 62-parameter model
+    at ν = 5, e^16,712 for the digits CNN). A Gaussian or record-level release is calibrated to
+    a target ε instead, whatever n is.
+    """
+    if plan.cost is None or plan.note or plan.cost <= WEAK_COST:
+        return ""
+    if plan.family == "d-privacy":
+        return (f"one release costs {plan.cost:.6g} ({plan.parameters:,} parameters: the "
+                f"neighbourhood calibration charges n/ν), a factor e^{plan.cost:.3g}: the "
+                f"guarantee is weak. For a meaningful device-level guarantee use "
+                f"mechanism='gaussian' (a target epsilon over the run, whatever the model's "
+                f"size), or mechanism='dpsgd' for each record; both cost accuracy "
+                f"(docs/PRIVACY.md, what each setting guarantees).")
+    return (f"one release alone costs ε = {plan.cost:.3g} (e^{plan.cost:.3g}): the guarantee "
+            f"is weak; lower epsilon or num-rounds.")
 
 
 def _names(names: list[str]) -> str:

@@ -21,7 +21,7 @@ from client.policy import DevicePolicy
 from client.record_release import plan_record_release
 from client.settings import ClientSettings
 from deploy import cli, processes, serverapp_runner, superlink_state
-from deploy.budget import budget_lines, plan_budgets
+from deploy.budget import budget_lines, meaning, plan_budgets, weakness
 from deploy.processes import Liveness, ProcessSet, ProcessWatch
 from mechanisms import BudgetExceededError, NeighbourhoodEvent, PrivacyLedger
 from mechanisms.record_accounting import record_epsilon
@@ -108,8 +108,43 @@ def test_a_record_level_release_is_planned_with_the_devices_own_plan(tmp_path: P
             charged += 1
     assert charged == plan.releases
     assert plan.cost == pytest.approx(record_epsilon([event], settings.privacy.ledger_delta))
-    (_, advice) = budget_lines([plan])
-    assert "raise cap-record-epsilon" in advice and "raise record-noise-multiplier" in advice
+    lines = budget_lines([plan])
+    (advice,) = [line for line in lines if "raise cap-record-epsilon" in line]
+    assert "raise record-noise-multiplier" in advice
+    assert any("for each record of the device" in line for line in lines)
+
+
+def test_the_budget_says_what_a_release_means_and_warns_where_the_model_size_decides(
+        tmp_path: Path) -> None:
+    # Prepare: ν = 5 on the 2-parameter synthetic model (0.4 a release), on a 62-parameter
+    # logistic model (62/5 = 12.4 a release), and a Gaussian run at ε = 8 over 40 rounds.
+    laplace = {"num-rounds": 40, "noise-multiplier": 5.0}
+    gaussian = {"num-rounds": 40, "mechanism": "gaussian", "epsilon": 8.0}
+    logistic = [(61,), (1,)]
+
+    # Execute
+    (small,) = plan_budgets(laplace, {0: node(tmp_path, 0)}, SYNTHETIC)
+    (large,) = plan_budgets(laplace, {0: node(tmp_path, 1)}, logistic)
+    (noisy,) = plan_budgets(gaussian, {0: node(tmp_path / "g", 0)}, logistic)
+
+    # Assert: each cost is said as the factor it bounds and what the cap buys; the warning
+    # comes where n/ν makes the factor large, and names the mechanisms that are not.
+    assert "up to a factor e^0.4; the factor stays under e within the whole neighbourhood" in (
+        meaning(small))
+    assert "cap-d-privacy=50 (spent 0) pays 40 releases of the 40 rounds" in meaning(small)
+    assert weakness(small) == ""
+    assert "e^12.4; the factor stays under e only within r/12.4 of it" in meaning(large)
+    assert "pays 4 releases of the 40 rounds" in meaning(large)
+    assert weakness(large).startswith("one release costs 12.4 (62 parameters: the neighbourhood "
+                                      "calibration charges n/ν), a factor e^12.4")
+    assert "mechanism='gaussian'" in weakness(large) and "mechanism='dpsgd'" in weakness(large)
+    assert f"gpfl: WARNING for client-1: {weakness(large)}" in budget_lines([large])
+    assert noisy.cost is not None
+    assert large.to_dict()["warning"] == weakness(large)
+    assert large.to_dict()["meaning"] == meaning(large)
+    assert f"(ε = {noisy.cost:.3g}, δ)-differentially private for the device's whole data" in (
+        meaning(noisy))
+    assert 0 < noisy.cost < 2.0 and weakness(noisy) == ""
 
 
 def report(**clients: dict[str, Any]) -> dict[str, dict[str, Any]]:
