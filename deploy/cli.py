@@ -158,12 +158,18 @@ def _launch(args: argparse.Namespace) -> int:
     return exit_status(result.status, result.finished)
 
 
-def _ledger(args: argparse.Namespace) -> int:
-    import json
+def _device_policy(args: argparse.Namespace) -> Any:
+    """Return the device policy named by --policy / --node-config, or None without either.
 
-    from client.ledger_view import format_ledger_report, ledger_report
-    from client.policy import DevicePolicy, PolicyError
-    from mechanisms import LedgerCorruptError
+    The device's own reading of its settings; the environment's $GPFL_POLICY is not read, so
+    that what is shown follows the settings named on this command line.
+
+    Raises
+    ------
+    client.policy.PolicyError
+        For an unreadable policy file or a bad setting.
+    """
+    from client.policy import DevicePolicy
 
     node_config = parse_pairs(args.node_config, "--node-config") if args.node_config else {}
     if args.policy:
@@ -171,11 +177,35 @@ def _ledger(args: argparse.Namespace) -> int:
             raise SystemExit("gpfl: give the policy file once: --policy or --node-config's "
                              "policy-file, not both")
         node_config["policy-file"] = args.policy
+    if not (args.policy or args.node_config):
+        return None
+    return DevicePolicy.load(node_config, environ={})
+
+
+def _tasks(args: argparse.Namespace) -> int:
+    import json
+
+    from client.policy import PolicyError
+    from client.task_list import format_task_rows, task_rows
+
     try:
-        # The device's own reading of its settings; the environment's $GPFL_POLICY is not
-        # read, so that the caps shown are the ones named on this command line.
-        policy = (DevicePolicy.load(node_config, environ={})
-                  if args.policy or args.node_config else None)
+        rows = task_rows(_device_policy(args))
+    except PolicyError as err:
+        print(f"gpfl: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(rows, indent=2) if args.json else format_task_rows(rows))
+    return 0
+
+
+def _ledger(args: argparse.Namespace) -> int:
+    import json
+
+    from client.ledger_view import format_ledger_report, ledger_report
+    from client.policy import PolicyError
+    from mechanisms import LedgerCorruptError
+
+    try:
+        policy = _device_policy(args)
         if args.json:
             print(json.dumps(ledger_report(Path(args.path), policy=policy), indent=2))
         else:
@@ -371,6 +401,19 @@ def build_parser() -> argparse.ArgumentParser:
                     "In Python: tasks.delivered.load_delivered(RUN).")
     predict_arguments(p)
     p.set_defaults(func=_predict)
+
+    p = sub.add_parser(
+        "tasks", help="list the installed tasks, their settings and which this device allows",
+        description="List the tasks installed in this environment (the gpfl.tasks entry "
+                    "points: gpfl's own and every plugin's), with the package that registers "
+                    "each, its metric, its models' format, the run-config settings it reads, "
+                    "and whether the device's policy (--policy / --node-config; without them, "
+                    "a device without settings) allows it.")
+    p.add_argument("--policy", metavar="FILE.toml", help="the device's policy file")
+    p.add_argument("--node-config", default="", metavar='"k=v ..." | FILE.toml',
+                   help="the device's node config, as given to gpfl supernode")
+    p.add_argument("--json", action="store_true", help="print the same as JSON")
+    p.set_defaults(func=_tasks)
 
     p = sub.add_parser("plot", help="draw figure.png of a run directory")
     p.add_argument("run_dir", help="the run directory (it holds summary.json)")

@@ -53,6 +53,7 @@ __all__ = [
     "declared_shapes",
     "installed_tasks",
     "load_task",
+    "owner_of",
     "preflight_task",
     "require_installed",
     "task_class",
@@ -122,14 +123,15 @@ def _scan() -> dict[str, EntryPoint]:
         if previous is not None and previous.value != ep.value:
             raise TaskNotInstalledError(
                 f"task={ep.name!r} is registered by two installed packages "
-                f"({_owner(previous)}: {previous.value}; {_owner(ep)}: {ep.value}); "
+                f"({owner_of(previous)}: {previous.value}; {owner_of(ep)}: {ep.value}); "
                 "uninstall one of them"
             )
         found[ep.name] = ep
     return found
 
 
-def _owner(ep: EntryPoint) -> str:
+def owner_of(ep: EntryPoint) -> str:
+    """Return the name of the installed package that registers an entry point."""
     dist = getattr(ep, "dist", None)
     return str(getattr(dist, "name", "an unknown package"))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -196,3 +197,19 @@ def test_the_watch_names_flowers_code_when_the_serverapp_exits_mid_run(
         "gpfl: the ServerApp exited before the run ended (code 1; Flower's exit code 700 "
         "SIMULATION_EXCEPTION \"An unhandled exception occurred when running the "
         "simulation.\"); the run cannot go on"], said
+
+
+def test_gpfl_tasks_lists_the_installed_tasks_and_what_the_device_allows(capsys) -> None:
+    from deploy.cli import main
+
+    code = main(["tasks", "--json", "--node-config", "allowed-tasks=synthetic,tabular"])
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+
+    assert code == 0
+    assert {"synthetic", "digits", "tabular", "fairness"} <= set(rows)
+    assert rows["synthetic"]["allowed"] and rows["tabular"]["allowed"]
+    assert not rows["digits"]["allowed"]
+    assert rows["synthetic"]["metric"] == "loss" and rows["synthetic"]["model_format"] == "numpy"
+    assert rows["digits"]["metric"] == "accuracy" and rows["digits"]["model_format"] == "torch"
+    assert "label-column" in rows["tabular"]["settings"]
+    assert rows["synthetic"]["package"] == "gpfl"

@@ -1,0 +1,54 @@
+"""``gpfl tasks``: the tasks installed in this environment, and which this device allows.
+
+A run names its task; each side resolves the name against the plugins installed in its own
+environment (`tasks.installed_tasks`) and a device also against its ``allowed-tasks``. This lists
+them as a device owner needs them: the name, the package that registers it and its class, whether
+it is a classifier (its metric), the format its delivered models are written in, the settings of
+the run config it reads, and whether this device's policy allows it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from client.policy import DevicePolicy
+
+__all__ = ["format_task_rows", "task_rows"]
+
+
+def task_rows(policy: DevicePolicy | None = None) -> list[dict[str, Any]]:
+    """Return one row per installed task, in name order.
+
+    ``policy`` (the device's) decides ``allowed``: without one, a device without settings (every
+    installed task allowed). A task whose class cannot be imported is listed with the error.
+    """
+    from tasks import installed_tasks, owner_of, task_class
+
+    allowed = policy.allowed_tasks if policy is not None else None
+    rows = []
+    for name, entry in sorted(installed_tasks().items()):
+        row: dict[str, Any] = {"name": name, "package": owner_of(entry), "class": entry.value,
+                               "allowed": allowed is None or name in allowed}
+        try:
+            cls = task_class(name)
+        except Exception as err:  # a plugin's import error is the plugin's: report, go on
+            row["error"] = f"{type(err).__name__}: {err}"
+        else:
+            row.update(metric="accuracy" if cls.is_classifier else "loss",
+                       model_format=cls.model_format, settings=list(cls.run_config_keys))
+        rows.append(row)
+    return rows
+
+
+def format_task_rows(rows: list[dict[str, Any]]) -> str:
+    """Return the rows as text: one line per task, its settings on the next."""
+    lines = []
+    for row in rows:
+        head = (f"{row['name']}: {row['class']} (package {row['package']}); "
+                f"{'allowed' if row['allowed'] else 'NOT allowed'} on this device")
+        if "error" in row:
+            lines += [head, f"    cannot be imported: {row['error']}"]
+            continue
+        lines += [head + f"; metric {row['metric']}; models as {row['model_format']}",
+                  "    settings: " + (", ".join(row["settings"]) or "none")]
+    return "\n".join(lines)
