@@ -14,6 +14,7 @@ from settings.values import MAX_OPTIMUM, MAX_PRIVACY_PARAMETER
 
 __all__ = [
     "check_allowed_tasks",
+    "check_categories",
     "check_column_list",
     "check_device",
     "check_divergence_factor",
@@ -23,6 +24,7 @@ __all__ = [
     "check_optima",
     "check_positive_list",
     "check_task_name",
+    "parse_categories",
     "parse_optima",
 ]
 
@@ -70,6 +72,28 @@ def check_column_list(text: str) -> None:
         raise ValueError("must be comma-separated names, none of them empty")
     if len(set(items)) != len(items):
         raise ValueError("must not name a column twice")
+
+
+def parse_categories(text: str) -> list[tuple[str, list[str]]]:
+    """Parse ``"color=red|green|blue, size=S|M|L"`` into (column, vocabulary) pairs, in order."""
+    out = []
+    for item in (i.strip() for i in text.split(",")) if text.strip() else ():
+        column, sep, values = item.partition("=")
+        vocabulary = [v.strip() for v in values.split("|")]
+        if not sep or not column.strip() or any(not v for v in vocabulary):
+            raise ValueError(f"must be column=value|value|... items, comma-separated; got "
+                             f"{item!r}")
+        if len(set(vocabulary)) != len(vocabulary):
+            raise ValueError(f"column {column.strip()!r} lists a value twice")
+        out.append((column.strip(), vocabulary))
+    if len({c for c, _ in out}) != len(out):
+        raise ValueError("must not name a column twice")
+    return out
+
+
+def check_categories(text: str) -> None:
+    """Check a categorical-columns value (see `parse_categories`)."""
+    parse_categories(text)
 
 
 def check_number_list(text: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from settings.checks import (
     check_allowed_tasks,
+    check_categories,
     check_column_list,
     check_device,
     check_divergence_factor,
@@ -311,6 +312,15 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "tabular: scale features with each side's own mean and std (device), the run's "
             "public feature-means/feature-scales (public), or not at all (none)",
             group="tasks", choices=("device", "public", "none")),
+    _task_list("categorical-columns", "",
+               "tabular: columns of categories and each one's public vocabulary, one-hot "
+               "encoded after the numeric features: color=red|green|blue, size=S|M|L (a value "
+               "outside its vocabulary is an error naming the row)", check=check_categories),
+    Setting("impute", str, "none",
+            "tabular: a missing cell is an error (none), or filled: a numeric one with 0 (zero), "
+            "with this side's own column mean (mean, like standardize=device) or with the run's "
+            "public feature-means (public); a categorical one with no category (all zeros)",
+            group="tasks", choices=("none", "zero", "mean", "public")),
     _task_list("feature-means", "",
                "tabular, standardize=public: one mean per feature column, comma-separated",
                check=check_number_list),

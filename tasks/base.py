@@ -313,6 +313,14 @@ class Task(ABC):
         check_params(params, self.parameter_shapes)
         return params
 
+    def model_settings(self) -> dict[str, Any]:
+        """Return settings that rebuild this task's model where the run config does not say.
+
+        The delivered models' manifest keeps them (the tabular task's feature columns as its
+        patterns resolved); default: none.
+        """
+        return {}
+
     def class_names(self) -> list[str] | None:
         """Return the label of each output of a classifier where it has names (None: its index)."""
         return None

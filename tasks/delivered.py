@@ -85,7 +85,7 @@ def write_delivered(out_dir: Path, task: Task, task_config: Mapping[str, Any],
         task.save_model(params, folder / name)
         entries.append({"hypothesis": j, "file": name,
                         "validation": dict(validation[j]) if j < len(validation) else {}})
-    config = {key: value for key, value in task_config.items()
+    config = {key: value for key, value in {**task_config, **task.model_settings()}.items()
               if key not in ("data-path", "server-data-path")}
     manifest = {
         "task": task.name,

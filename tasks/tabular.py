@@ -43,9 +43,18 @@ import numpy as np
 from torch import nn
 
 from settings import SETTINGS
+from settings.checks import parse_categories
 from tasks.base import Dataset
 from tasks.config import TaskSettingsError
-from tasks.tabular_data import Table, check_file, read_table, split_rows
+from tasks.tabular_data import (
+    Table,
+    check_file,
+    header_columns,
+    is_pattern,
+    read_table,
+    resolve_columns,
+    split_rows,
+)
 from tasks.torch_support import TorchTask
 
 __all__ = ["TabularTask", "standardize"]
@@ -100,6 +109,7 @@ class TabularTask(TorchTask):
         "data-path", "label-column", "feature-columns", "classes", "tabular-model",
         "hidden-units", "standardize", "feature-means", "feature-scales", "tabular-split",
         "split-column", "dirichlet-alpha", "validation-column", "data-seed", "device",
+        "categorical-columns", "impute",
     )
 
     def __init__(
@@ -120,6 +130,8 @@ class TabularTask(TorchTask):
         validation_column: str = SETTINGS["validation-column"].default,
         data_seed: int = SETTINGS["data-seed"].default,
         device: str = SETTINGS["device"].default,
+        categorical_columns: str = SETTINGS["categorical-columns"].default,
+        impute: str = SETTINGS["impute"].default,
     ) -> None:
         super().__init__(device=device)
         self.data_path: str = SETTINGS["data-path"].parse(os.fspath(data_path))
@@ -134,13 +146,31 @@ class TabularTask(TorchTask):
         self.dirichlet_alpha: float = SETTINGS["dirichlet-alpha"].parse(dirichlet_alpha)
         self.validation_column: str = SETTINGS["validation-column"].parse(validation_column)
         self.data_seed: int = SETTINGS["data-seed"].parse(data_seed)
-        if not self.feature_columns:
+        self.categories = tuple(
+            (c, tuple(v)) for c, v in parse_categories(
+                SETTINGS["categorical-columns"].parse(categorical_columns)))
+        self.impute: str = SETTINGS["impute"].parse(impute)
+        if any(is_pattern(item) for item in self.feature_columns):
+            # Patterns select among the columns of this side's file: its header alone is read.
+            setting = "data-path"
+            reserved = [self.label_column, self.split_column, self.validation_column,
+                        *(c for c, _ in self.categories)]
+            self.feature_columns = tuple(resolve_columns(
+                self.feature_columns, header_columns(self.data_path, setting),
+                reserved=[c for c in reserved if c], where=f"{setting}={self.data_path!r}"))
+        if not self.feature_columns and not self.categories:
             raise TaskSettingsError(
-                "feature-columns must name at least one column for task tabular, "
-                "got feature-columns=''")
+                "feature-columns or categorical-columns must name at least one column for "
+                "task tabular, got feature-columns='' and categorical-columns=''")
         if self.label_column in self.feature_columns:
             raise TaskSettingsError(
                 f"label-column={self.label_column!r} is also among feature-columns")
+        both = sorted(set(self.feature_columns) & {c for c, _ in self.categories}
+                      | ({self.label_column} & {c for c, _ in self.categories}))
+        if both:
+            raise TaskSettingsError(
+                f"categorical-columns names {both}, which feature-columns or label-column "
+                "also names")
         if len(self.classes) < 2:
             raise TaskSettingsError(
                 f"classes must name at least 2 label values for task tabular, got "
@@ -151,6 +181,11 @@ class TabularTask(TorchTask):
         d = len(self.feature_columns)
         means = _items(SETTINGS["feature-means"].parse(feature_means))
         scales = _items(SETTINGS["feature-scales"].parse(feature_scales))
+        if self.impute == "public" and len(means) != d:
+            raise TaskSettingsError(
+                f"impute=public needs one feature-means value per feature column ({d}), got "
+                f"feature-means={feature_means!r}")
+        self._means = [float(m) for m in means]
         self._public: tuple[np.ndarray, np.ndarray] | None = None
         if self.standardize == "public":
             if len(means) != d or len(scales) != d:
@@ -161,9 +196,14 @@ class TabularTask(TorchTask):
             self._public = (np.asarray(means, dtype=np.float64),
                             np.asarray(scales, dtype=np.float64))
 
+    @property
+    def input_width(self) -> int:
+        """The model's inputs: the numeric features, then one per category of each column."""
+        return len(self.feature_columns) + sum(len(v) for _, v in self.categories)
+
     def model(self) -> nn.Module:
         """Build a fresh logistic-regression or MLP module."""
-        d, c = len(self.feature_columns), len(self.classes)
+        d, c = self.input_width, len(self.classes)
         if self.tabular_model == "logistic":
             return nn.Sequential(nn.Linear(d, c))
         return nn.Sequential(nn.Linear(d, self.hidden_units), nn.ReLU(),
@@ -175,15 +215,20 @@ class TabularTask(TorchTask):
             raise TaskSettingsError(
                 f"{setting} must name a CSV or Parquet file for task tabular, got {setting}=''")
         return read_table(self.data_path, setting=setting, label=self.label_column,
-                          features=self.feature_columns, classes=self.classes, extra=extra)
+                          features=self.feature_columns, classes=self.classes, extra=extra,
+                          categories=self.categories, impute=self.impute,
+                          public_means=self._means if self.impute == "public" else ())
 
     def _dataset(self, table: Table, user: str) -> Dataset:
+        # The numeric features are standardized; the one-hot columns after them are not.
+        numeric, one_hot = table.x[:, :table.numeric], table.x[:, table.numeric:]
         if self._public is not None:
-            x = standardize(table.x, *self._public)
+            scaled = standardize(numeric, *self._public)
         elif self.standardize == "device":
-            x = standardize(table.x, table.x.mean(axis=0), table.x.std(axis=0))
+            scaled = standardize(numeric, numeric.mean(axis=0), numeric.std(axis=0))
         else:
-            x = table.x.astype(np.float32)
+            scaled = numeric.astype(np.float32)
+        x = np.concatenate([scaled, one_hot.astype(np.float32)], axis=1)
         return Dataset(x=x, y=table.y.copy(), group=np.full(len(table), -1, dtype=np.int64),
                        user=user)
 
@@ -196,6 +241,10 @@ class TabularTask(TorchTask):
         reader = copy.copy(self)
         reader.data_path = os.fspath(path)
         return reader._dataset(reader._read("--data"), user=Path(path).name)
+
+    def model_settings(self) -> dict[str, Any]:
+        """Return the settings that rebuild this model: the feature columns as resolved."""
+        return {"feature-columns": ",".join(self.feature_columns)}
 
     def class_names(self) -> list[str] | None:
         """Return the label values, in the order of the model's outputs (``classes``)."""
@@ -230,7 +279,8 @@ class TabularTask(TorchTask):
         extra = (task.split_column,) if task.tabular_split == "natural-id" else ()
         rows = partition_id + 1 if task.tabular_split == "iid" else 1
         check_file(task.data_path, setting="data-path", label=task.label_column,
-                   features=task.feature_columns, extra=extra, rows=rows)
+                   features=[*task.feature_columns, *(c for c, _ in task.categories)],
+                   extra=extra, rows=rows)
 
     def client_dataset(self, partition_id: int, num_partitions: int) -> Dataset:
         """Return this device's rows: its whole file, or its partition of a shared one.

@@ -28,7 +28,8 @@ from tasks.config import TaskDataError, TaskSettingsError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["PARQUET_SUFFIXES", "Table", "check_file", "read_table", "split_rows"]
+__all__ = ["PARQUET_SUFFIXES", "Table", "check_file", "header_columns", "is_pattern",
+           "read_table", "resolve_columns", "split_rows"]
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
 
@@ -43,7 +44,8 @@ class Table:
     Attributes
     ----------
     x : np.ndarray
-        float64 (rows, features), finite.
+        float64 (rows, features), finite: the numeric feature columns (missing cells imputed
+        as asked), then the one-hot columns of each categorical column, in declared order.
     y : np.ndarray
         int64 class index of each row (position of its label in ``classes``).
     extra : dict[str, np.ndarray]
@@ -56,6 +58,12 @@ class Table:
     y: np.ndarray
     extra: dict[str, np.ndarray]
     path: str
+    #: How many of ``x``'s leading columns are numeric (the rest are one-hot).
+    numeric: int = -1
+
+    def __post_init__(self) -> None:
+        if self.numeric < 0:
+            object.__setattr__(self, "numeric", int(self.x.shape[1]))
 
     def __len__(self) -> int:
         return int(self.x.shape[0])
@@ -63,11 +71,17 @@ class Table:
     def rows(self, index: np.ndarray) -> Table:
         """Return the rows ``index`` of this table."""
         return Table(self.x[index], self.y[index],
-                     {k: v[index] for k, v in self.extra.items()}, self.path)
+                     {k: v[index] for k, v in self.extra.items()}, self.path, self.numeric)
+
+
+Categories = tuple[tuple[str, tuple[str, ...]], ...]
+"""Each categorical column with its public vocabulary, in declared order."""
 
 
 def read_table(path: str, *, setting: str, label: str, features: Sequence[str],
-               classes: Sequence[str], extra: Sequence[str] = ()) -> Table:
+               classes: Sequence[str], extra: Sequence[str] = (),
+               categories: Categories = (), impute: str = "none",
+               public_means: Sequence[float] = ()) -> Table:
     """Read and check one file (cached per process while the file is unchanged).
 
     Parameters
@@ -84,13 +98,22 @@ def read_table(path: str, *, setting: str, label: str, features: Sequence[str],
         The label values, in class order.
     extra : Sequence[str]
         Further columns to keep as text.
+    categories : Categories
+        Categorical columns and their vocabularies: one-hot columns after the numeric ones.
+    impute : str
+        What fills a missing cell (the ``impute`` setting): ``none`` (an error), ``zero``,
+        ``mean`` (the column's mean over this file's present cells) or ``public``
+        (``public_means``, one per numeric feature); a missing category is no category.
+    public_means : Sequence[float]
+        The run's public feature means, for ``impute = public``.
 
     Raises
     ------
     TaskSettingsError
-        A missing or unreadable file, a missing column, a non-numeric or missing feature
-        value, a label not among ``classes``, or a file without rows; the message names the
-        file, the column and, for a cell, its row (1 = the first data row) and value.
+        A missing or unreadable file, a missing column, a non-numeric feature value, a missing
+        cell without ``impute``, a category outside its vocabulary, a label not among
+        ``classes``, or a file without rows; the message names the file, the column and, for
+        a cell, its row (1 = the first data row) and value.
     """
     resolved = Path(path).expanduser()
     if not resolved.is_file():
@@ -98,7 +121,68 @@ def read_table(path: str, *, setting: str, label: str, features: Sequence[str],
                                 "Parquet file)")
     stat = resolved.stat()
     return _read_cached(str(resolved.resolve()), stat.st_mtime_ns, stat.st_size, setting, label,
-                        tuple(features), tuple(classes), tuple(extra))
+                        tuple(features), tuple(classes), tuple(extra),
+                        tuple((c, tuple(v)) for c, v in categories), impute,
+                        tuple(float(m) for m in public_means))
+
+
+def is_pattern(item: str) -> bool:
+    """Whether a feature-columns item selects by pattern (a glob, or ``!`` to exclude)."""
+    return item.startswith("!") or any(ch in item for ch in "*?[")
+
+
+def resolve_columns(items: Sequence[str], header: Sequence[str], *, reserved: Sequence[str],
+                    where: str) -> list[str]:
+    """Resolve feature-columns items against a file's header, in order.
+
+    A name is kept where it stands; a glob (``x_*``, ``*``) adds the header's matching columns
+    in file order, none of ``reserved`` (the label, split, validation and categorical columns)
+    and none already chosen; ``!pattern`` removes the chosen columns it matches, so
+    ``*, !id`` is every column but ``id`` and those reserved.
+
+    Raises
+    ------
+    TaskSettingsError
+        If the items select no column.
+    """
+    import fnmatch
+
+    chosen: list[str] = []
+    for item in items:
+        if item.startswith("!"):
+            chosen = [c for c in chosen if not fnmatch.fnmatchcase(c, item[1:])]
+        elif is_pattern(item):
+            chosen += [c for c in header if fnmatch.fnmatchcase(c, item)
+                       and c not in reserved and c not in chosen]
+        elif item not in chosen:
+            chosen.append(item)
+    if not chosen:
+        raise TaskSettingsError(f"{where}: feature-columns={','.join(items)!r} selects no "
+                                f"column of {list(header)}")
+    return chosen
+
+
+def header_columns(path: str, setting: str) -> list[str]:
+    """Return a file's column names (a CSV's header line, a Parquet file's schema) alone.
+
+    Raises
+    ------
+    TaskSettingsError
+        If the file is missing or its header cannot be read.
+    """
+    resolved = Path(path).expanduser()
+    if not path or not resolved.is_file():
+        raise TaskSettingsError(f"{setting}={path!r}: no such file, and feature-columns "
+                                "selects by pattern: the columns are resolved against it")
+    try:
+        parquet = path.lower().endswith(PARQUET_SUFFIXES)
+        columns, _ = _parquet_schema(resolved, 0) if parquet else _csv_schema(resolved, 0)
+    except (OSError, ValueError, ImportError) as err:
+        raise TaskSettingsError(f"{setting}={path!r}: its header cannot be read: {err}") from None
+    if columns is None:
+        raise TaskSettingsError(f"{setting}={path!r}: its header line is longer than "
+                                f"{MAX_HEADER_BYTES} bytes")
+    return columns
 
 
 def check_file(path: str, *, setting: str, label: str, features: Sequence[str],
@@ -203,20 +287,33 @@ def _parquet_schema(path: Path, rows: int) -> tuple[list[str], int]:
 @functools.lru_cache(maxsize=4)
 def _read_cached(path: str, mtime_ns: int, size: int, setting: str, label: str,
                  features: tuple[str, ...], classes: tuple[str, ...],
-                 extra: tuple[str, ...]) -> Table:
-    frame = _read_frame(path, setting, label)
+                 extra: tuple[str, ...], categories: Categories = (), impute: str = "none",
+                 public_means: tuple[float, ...] = ()) -> Table:
+    frame = _read_frame(path, setting, label, tuple(c for c, _ in categories))
     where = f"{setting}={path!r}"
-    wanted = [label, *features, *extra]
+    wanted = [label, *features, *(c for c, _ in categories), *extra]
     missing = [c for c in dict.fromkeys(wanted) if c not in frame.columns]
     if missing:
         raise TaskSettingsError(
-            f"{where} has no column(s) {missing} (label-column, feature-columns, split-column "
-            f"or validation-column); its columns are {[str(c) for c in frame.columns]}")
+            f"{where} has no column(s) {missing} (label-column, feature-columns, "
+            f"categorical-columns, split-column or validation-column); its columns are "
+            f"{[str(c) for c in frame.columns]}")
     if len(frame) == 0:
         raise TaskSettingsError(f"{where} has no rows")
-    x = np.empty((len(frame), len(features)), dtype=np.float64)
+    if impute == "public" and len(public_means) != len(features):
+        raise TaskSettingsError(
+            f"impute=public needs one feature-means value per feature column "
+            f"({len(features)}), got {len(public_means)}")
+    width = len(features) + sum(len(v) for _, v in categories)
+    x = np.zeros((len(frame), width), dtype=np.float64)
     for j, column in enumerate(features):
-        x[:, j] = _numeric(frame[column], column, where)
+        fill = public_means[j] if impute == "public" else None
+        x[:, j] = _numeric(frame[column], column, where, impute, fill)
+    start = len(features)
+    for column, vocabulary in categories:
+        x[:, start:start + len(vocabulary)] = _one_hot(frame[column], column, vocabulary,
+                                                       where, impute)
+        start += len(vocabulary)
     labels = frame[label].astype("string").str.strip()
     index = {c: i for i, c in enumerate(classes)}
     y = labels.map(index)
@@ -227,35 +324,79 @@ def _read_cached(path: str, mtime_ns: int, size: int, setting: str, label: str,
             f"{where}: label-column={label!r} holds {labels.iloc[row]!r} in row {row + 1}, "
             f"which is not among classes={','.join(classes)!r}")
     texts = {c: frame[c].astype("string").fillna("").to_numpy(dtype=str) for c in extra}
-    return Table(x, y.to_numpy(dtype=np.int64), texts, path)
+    return Table(x, y.to_numpy(dtype=np.int64), texts, path, len(features))
 
 
-def _read_frame(path: str, setting: str, label: str) -> pd.DataFrame:
+def _read_frame(path: str, setting: str, label: str,
+                text_columns: tuple[str, ...] = ()) -> pd.DataFrame:
     import pandas as pd
 
     try:
         if path.lower().endswith(PARQUET_SUFFIXES):
             return pd.read_parquet(path)
-        # The label is read as text so that "1" and "1.0" are not confused with each other.
-        return pd.read_csv(path, dtype={label: str}, skipinitialspace=True)
+        # The label and the categories are read as text, so that "1" and "1.0" are not
+        # confused with each other.
+        return pd.read_csv(path, dtype={c: str for c in (label, *text_columns)},
+                           skipinitialspace=True)
     except (OSError, ValueError, ImportError) as err:
         kind = "Parquet" if path.lower().endswith(PARQUET_SUFFIXES) else "CSV"
         raise TaskSettingsError(f"{setting}={path!r} cannot be read as {kind}: {err}") from None
 
 
-def _numeric(column: pd.Series, name: str, where: str) -> np.ndarray:
+def _numeric(column: pd.Series, name: str, where: str, impute: str = "none",
+             fill: float | None = None) -> np.ndarray:
+    """Return a numeric feature column; a missing cell filled as ``impute`` says.
+
+    A cell that holds something other than a finite number is always an error: imputation
+    fills what is absent, never what is malformed.
+    """
     import pandas as pd
 
+    absent = column.isna().to_numpy()
     values = pd.to_numeric(column, errors="coerce")
-    bad = values.isna().to_numpy() | ~np.isfinite(values.to_numpy(dtype=np.float64, na_value=0.0))
+    bad = (values.isna().to_numpy() & ~absent) | ~np.isfinite(
+        values.to_numpy(dtype=np.float64, na_value=0.0))
+    if impute == "none":
+        bad |= absent
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         cell = column.iloc[row]
         what = "has no value" if pd.isna(cell) else f"holds {str(cell)!r}"
         raise TaskSettingsError(
             f"{where}: feature column {name!r} is not numeric: row {row + 1} {what} "
-            "(feature-columns must be finite numbers, none missing)")
-    return values.to_numpy(dtype=np.float64)
+            "(feature-columns must be finite numbers; a missing cell needs impute)")
+    out = np.array(values.to_numpy(dtype=np.float64, na_value=np.nan), copy=True)
+    if absent.any():
+        if impute == "mean":
+            if absent.all():
+                raise TaskSettingsError(f"{where}: feature column {name!r} has no value to "
+                                        "average (impute=mean)")
+            fill = float(np.mean(out[~absent]))
+        out[absent] = 0.0 if impute == "zero" else float(fill if fill is not None else 0.0)
+    return out
+
+
+def _one_hot(column: pd.Series, name: str, vocabulary: tuple[str, ...], where: str,
+             impute: str) -> np.ndarray:
+    """Return a categorical column one-hot over its declared vocabulary (missing: all zero)."""
+    texts = column.astype("string").str.strip()
+    index = {v: i for i, v in enumerate(vocabulary)}
+    codes = texts.map(index)
+    absent = texts.isna().to_numpy() | (texts.fillna("") == "").to_numpy()
+    unknown = codes.isna().to_numpy() & ~absent
+    if impute == "none":
+        unknown |= absent
+    if unknown.any():
+        row = int(np.flatnonzero(unknown)[0])
+        what = "has no value" if absent[row] else f"holds {texts.iloc[row]!r}"
+        raise TaskSettingsError(
+            f"{where}: categorical column {name!r}: row {row + 1} {what}, which is not among "
+            f"its vocabulary {'|'.join(vocabulary)} (categorical-columns; a missing cell "
+            "needs impute)")
+    out = np.zeros((len(texts), len(vocabulary)), dtype=np.float64)
+    present = ~absent
+    out[np.flatnonzero(present), codes.to_numpy()[present].astype(np.int64)] = 1.0
+    return out
 
 
 def split_rows(table: Table, *, method: str, partition_id: int, num_partitions: int,

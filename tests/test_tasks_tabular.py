@@ -106,7 +106,7 @@ def test_an_empty_data_path_names_the_setting() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"feature-columns": ""}, r"feature-columns must name at least one column"),
+    ({"feature-columns": ""}, r"feature-columns or categorical-columns must name at least one column"),
     ({"feature-columns": "a,y"}, r"label-column='y' is also among feature-columns"),
     ({"classes": "yes"}, r"classes must name at least 2 label values"),
     ({"tabular-split": "natural-id"}, r"natural-id needs split-column"),
@@ -291,3 +291,117 @@ def test_the_task_imports_no_datasets_library_unless_it_splits(tmp_path: Path) -
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+# -- categories and missing cells ----------------------------------------------------------------
+HEADER = ("a", "color", "y")
+
+
+def test_categorical_columns_are_one_hot_over_their_public_vocabulary(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "c.csv", [["1.0", "red", "yes"], ["3.0", "blue", "no"],
+                                          ["5.0", "green", "yes"]], HEADER)
+
+    t = task(path, **{"feature-columns": "a", "categorical-columns": "color=red|green|blue",
+                      "standardize": "none"})
+    data = t.client_dataset(0, 1)
+
+    # The numeric column, then one column per category in declared order; the model's input
+    # is as wide.
+    assert data.x.tolist() == [[1, 1, 0, 0], [3, 0, 0, 1], [5, 0, 1, 0]]
+    assert t.input_width == 4 and t.parameter_shapes[0] == (2, 4)
+
+
+def test_only_the_numeric_columns_are_standardized(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "c.csv", [["1.0", "red", "yes"], ["3.0", "blue", "no"]], HEADER)
+
+    data = task(path, **{"feature-columns": "a", "categorical-columns": "color=red|blue"}
+                ).client_dataset(0, 1)
+
+    assert data.x.tolist() == [[-1, 1, 0], [1, 0, 1]]
+
+
+@pytest.mark.parametrize(("impute", "filled"), [("zero", 0.0), ("mean", 4.0), ("public", 7.5)])
+def test_a_missing_numeric_cell_is_filled_as_declared(tmp_path: Path, impute: str,
+                                                      filled: float) -> None:
+    path = write_csv(tmp_path / "m.csv", [["2.0", "red", "yes"], ["", "red", "no"],
+                                          ["6.0", "", "yes"]], HEADER)
+
+    data = task(path, **{"feature-columns": "a", "categorical-columns": "color=red|blue",
+                         "standardize": "none", "impute": impute, "feature-means": "7.5"}
+                ).client_dataset(0, 1)
+
+    # The missing number takes the declared fill (the mean of this file's 2 and 6 for
+    # "mean"); the missing category is no category.
+    assert data.x.tolist() == [[2, 1, 0], [filled, 1, 0], [6, 0, 0]]
+
+
+@pytest.mark.parametrize(("rows", "config", "message"), [
+    ([["", "red", "yes"]], {}, r"feature column 'a' is not numeric: row 1 has no value .*"
+                               r"a missing cell needs impute"),
+    ([["1.0", "", "yes"]], {}, r"categorical column 'color': row 1 has no value"),
+    ([["1.0", "pink", "yes"]], {"impute": "zero"},
+     r"categorical column 'color': row 1 holds 'pink', which is not among its vocabulary "
+     r"red\|blue"),
+    ([["x", "red", "yes"]], {"impute": "zero"}, r"feature column 'a' is not numeric: row 1 "
+                                                r"holds 'x'"),
+])
+def test_a_bad_or_missing_cell_without_a_fill_names_its_row(
+        tmp_path: Path, rows: list[list[Any]], config: dict[str, Any], message: str) -> None:
+    path = write_csv(tmp_path / "bad.csv", rows, HEADER)
+    t = task(path, **{"feature-columns": "a", "categorical-columns": "color=red|blue",
+                      **config})
+
+    with pytest.raises(TaskSettingsError, match=message):
+        t.client_dataset(0, 1)
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ({"categorical-columns": "color=red|red"}, r"categorical-columns.*lists a value twice"),
+    ({"categorical-columns": "color"}, r"categorical-columns.*column=value"),
+    ({"categorical-columns": "a=x|y"}, r"categorical-columns names \['a'\]"),
+    ({"impute": "public"}, r"impute=public needs one feature-means value per feature column"),
+])
+def test_bad_category_or_fill_settings_name_the_setting(tmp_path: Path, config: dict[str, Any],
+                                                        message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        task(tmp_path / "none.csv", **{"feature-columns": "a", **config})
+
+
+def test_the_preflight_asks_the_header_for_the_categorical_columns(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "c.csv", [["1.0", "yes"]], ("a", "y"))
+
+    with pytest.raises(TaskDataError, match=r"no column\(s\) \['color'\]"):
+        preflight_task({**BASE, "data-path": str(path), "feature-columns": "a",
+                        "categorical-columns": "color=red|blue"}, 0, 1)
+
+
+# -- columns chosen by pattern ------------------------------------------------------------------
+@pytest.mark.parametrize(("items", "chosen"), [
+    ("*", ["a", "b", "id"]),
+    ("*,!id", ["a", "b"]),
+    ("b,*,!id", ["b", "a"]),
+    ("[ab]", ["a", "b"]),
+])
+def test_feature_columns_by_pattern_or_all_but(tmp_path: Path, items: str,
+                                               chosen: list[str]) -> None:
+    # The label, split and categorical columns are never chosen by a pattern.
+    path = write_csv(tmp_path / "p.csv", [["1", "2", "7", "red", "s0", "yes"]],
+                     ("a", "b", "id", "color", "site", "y"))
+
+    t = task(path, **{"feature-columns": items, "categorical-columns": "color=red|blue",
+                      "tabular-split": "natural-id", "split-column": "site"})
+
+    assert list(t.feature_columns) == chosen
+    assert t.model_settings() == {"feature-columns": ",".join(chosen)}
+    assert t.input_width == len(chosen) + 2
+
+
+def test_a_pattern_that_selects_nothing_or_has_no_file_is_an_error(tmp_path: Path) -> None:
+    path = write_csv(tmp_path / "p.csv", [["1", "2", "yes"]], ("a", "b", "y"))
+
+    with pytest.raises(TaskSettingsError, match=r"feature-columns='x\*' selects no column of "
+                                                r"\['a', 'b', 'y'\]"):
+        task(path, **{"feature-columns": "x*"})
+    with pytest.raises(TaskSettingsError, match=r"no such file, and feature-columns selects by "
+                                                r"pattern"):
+        task(tmp_path / "absent.csv", **{"feature-columns": "*"})
