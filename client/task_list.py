@@ -35,9 +35,18 @@ def task_rows(policy: DevicePolicy | None = None) -> list[dict[str, Any]]:
             row["error"] = f"{type(err).__name__}: {err}"
         else:
             row.update(metric="accuracy" if cls.is_classifier else "loss",
-                       model_format=cls.model_format, settings=list(cls.run_config_keys))
+                       model_format=cls.model_format, settings=list(cls.run_config_keys),
+                       own_settings=[_declaration(d) for d in cls.settings])
         rows.append(row)
     return rows
+
+
+def _declaration(setting: Any) -> dict[str, Any]:
+    """Return a plugin setting's declaration as plain data: name, type, default, bounds, help."""
+    bounds = {key: getattr(setting, key) for key in ("minimum", "maximum", "choices")
+              if getattr(setting, key, None) not in (None, ())}
+    return {"name": setting.name, "type": setting.type.__name__, "default": setting.default,
+            **bounds, "help": setting.help}
 
 
 def format_task_rows(rows: list[dict[str, Any]]) -> str:
@@ -51,4 +60,6 @@ def format_task_rows(rows: list[dict[str, Any]]) -> str:
             continue
         lines += [head + f"; metric {row['metric']}; models as {row['model_format']}",
                   "    settings: " + (", ".join(row["settings"]) or "none")]
+        lines += [f"    own setting (in task-settings) {d['name']} = {d['default']!r} "
+                  f"({d['type']}): {d['help']}" for d in row["own_settings"]]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from deploy.new_task import add_arguments as new_task_arguments
 from deploy.predict import add_arguments as predict_arguments
 
 #: What ``gpfl --help`` says gpfl is, in one line.
@@ -234,6 +235,12 @@ def _predict(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _new_task(args: argparse.Namespace) -> int:
+    from deploy.new_task import run
+
+    return run(args)
+
+
 def _certs(args: argparse.Namespace) -> int:
     from deploy.certs import describe_deployment, make_deployment
 
@@ -414,6 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the device's node config, as given to gpfl supernode")
     p.add_argument("--json", action="store_true", help="print the same as JSON")
     p.set_defaults(func=_tasks)
+
+    p = sub.add_parser(
+        "new-task", help="write the skeleton of a task plugin package, to install, test and run",
+        description="Write gpfl-task-NAME/: a pyproject.toml registering NAME in the gpfl.tasks "
+                    "entry points, a package with a working task to replace with yours, a test "
+                    "and a README (docs/TASKS.md, the tutorial).")
+    new_task_arguments(p)
+    p.set_defaults(func=_new_task)
 
     p = sub.add_parser("plot", help="draw figure.png of a run directory")
     p.add_argument("run_dir", help="the run directory (it holds summary.json)")

@@ -298,6 +298,10 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "femnist, hospital, tabular: the data the ServerApp validates on (a file or folder)",
             group="tasks"),
     # -- task plugins and the tabular task (docs/TASKS.md) -----------------------------------------
+    Setting("task-settings", str, "",
+            "the task plugin's own settings, as \"key=value key=value\" pairs, each checked "
+            "against the plugin's declarations (its Task.settings: type, bounds, default); "
+            "`gpfl tasks` lists them", group="tasks"),
     _task_list("label-column", "label", "tabular: the column holding the label"),
     _task_list("feature-columns", "",
                "tabular: the numeric feature columns, comma-separated (at least one)"),

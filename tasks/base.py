@@ -21,7 +21,8 @@ from typing import Any, Self
 import numpy as np
 
 import settings
-from settings import SETTINGS
+from settings import SETTINGS, Setting, SettingError
+from settings.pairs import parse_pairs
 from tasks.config import TaskDataError, TaskSettingsError, require_at_least
 from tasks.partitions import SPLIT_CODES, UNLIMITED_USERS, resolve_users, user_seed
 from tasks.training import Schedule, check_training_args, minibatches
@@ -113,6 +114,11 @@ class Task(ABC):
     #: The settings `from_run_config` reads, each passed to the constructor as the keyword
     #: argument of the same name with ``_`` for ``-`` (``validation-users``: ``validation_users``).
     run_config_keys: tuple[str, ...] = ()
+    #: A plugin's own settings, declared as gpfl declares its own (`settings.Setting`: type,
+    #: default, bounds, help; owner ``federation``). A run gives them in ``task-settings``
+    #: (``"noise-level=0.2"``); each is checked here and passed to the constructor like
+    #: `run_config_keys`. ``gpfl tasks`` lists them.
+    settings: tuple[Setting, ...] = ()
 
     # The settings every task has, set by `_set_user_settings`.
     users: int
@@ -124,11 +130,39 @@ class Task(ABC):
         """Build the task from the run config's `run_config_keys`.
 
         Each key is read with `settings.read`, so an absent key takes its schema default and a
-        bad value is reported as the run config spells it.
+        bad value is reported as the run config spells it; the plugin's own `settings` are
+        read from ``task-settings`` (`own_settings`).
         """
         return cls(
-            **{key.replace("-", "_"): settings.read(config, key) for key in cls.run_config_keys}
+            **{key.replace("-", "_"): settings.read(config, key) for key in cls.run_config_keys},
+            **{key.replace("-", "_"): value for key, value in cls.own_settings(config).items()},
         )
+
+    @classmethod
+    def own_settings(cls, config: Mapping[str, Any]) -> dict[str, Any]:
+        """Return the plugin's own settings from the run config's ``task-settings``, checked.
+
+        Every declared setting is present (its default where ``task-settings`` does not give
+        it).
+
+        Raises
+        ------
+        settings.SettingError
+            For a key the task does not declare (naming those it does) or a bad value (naming
+            the key, the value and what is allowed), or pairs that cannot be read.
+        """
+        text = settings.read(config, "task-settings")
+        try:
+            given = parse_pairs(text, "task-settings") if text else {}
+        except ValueError as err:
+            raise SettingError(str(err)) from None
+        declared = {s.name: s for s in cls.settings}
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            known = ", ".join(sorted(declared)) or "none"
+            raise SettingError(f"task-settings: task {cls.name!r} has no setting(s) "
+                               f"{unknown}; its own settings: {known}")
+        return {name: s.parse(given.get(name, s.default)) for name, s in declared.items()}
 
     @classmethod
     def declared_shapes(cls, config: Mapping[str, Any]) -> list[tuple[int, ...]] | None:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tasks
-from settings import SETTINGS, SettingError
+from settings import SETTINGS, Setting, SettingError
 from tasks.base import (
     Dataset,
     Params,
@@ -312,3 +312,31 @@ def test_initial_hypotheses_rejects_bad_k() -> None:
     with pytest.raises(ValueError, match="k=0"):
         _ConstantTask().initial_hypotheses(0, np.random.default_rng(0))
     assert _ConstantTask().num_parameters == 1
+
+
+class _OwnSettingTask(_ConstantTask):
+    """A task with a setting of its own, as a plugin declares one."""
+
+    settings = (Setting("noise-level", float, 0.1, "the noise", group="tasks", minimum=0.0),)
+
+    def __init__(self, noise_level: float = 0.1) -> None:
+        self.noise_level = noise_level
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", 0.1), ("noise-level=0.5", 0.5),
+                                                 ("noise-level=2", 2.0)])
+def test_a_plugins_own_setting_comes_from_task_settings(text: str, expected: float) -> None:
+    task = _OwnSettingTask.from_run_config({"task-settings": text})
+
+    assert task.noise_level == expected and isinstance(task.noise_level, float)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("noise=1", r"task-settings: task '.*' has no setting\(s\) \['noise'\]; its own settings: "
+                r"noise-level"),
+    ("noise-level=-1", r"noise-level"),
+    ("noise-level", r"task-settings expects key=value pairs"),
+])
+def test_a_bad_own_setting_fails_naming_it(text: str, message: str) -> None:
+    with pytest.raises(SettingError, match=message):
+        _OwnSettingTask.from_run_config({"task-settings": text})

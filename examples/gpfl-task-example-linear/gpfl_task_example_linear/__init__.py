@@ -1,4 +1,4 @@
-"""An example gpfl task plugin: linear regression on devices of two groups.
+"""The gpfl task `example-linear`: linear regression on devices of two groups (replace with yours).
 
 Device ``p`` (its ``partition-id``) holds ``samples-per-user`` points ``(x, y)`` with
 ``y = w_g · x + noise``, where ``g = p % 2`` picks one of two true weight vectors: a federation
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from settings import SETTINGS
+from settings import SETTINGS, Setting
 from tasks import Dataset, Params, Task
 from tasks.base import Schedule, user_seed
 
@@ -19,6 +19,10 @@ __all__ = ["TRUE_WEIGHTS", "ExampleLinearTask"]
 
 #: One true weight vector per group.
 TRUE_WEIGHTS = np.array([[3.0, -2.0], [-3.0, 2.0]])
+#: The task's own setting: a run sets it in task-settings ("noise-level=0.5"); gpfl checks it
+#: against this declaration (a float, at least 0) and `gpfl tasks` lists it.
+NOISE_LEVEL = Setting("noise-level", float, 0.1, "example-linear: the standard deviation of "
+                      "the noise on y", group="tasks", minimum=0.0)
 
 
 class ExampleLinearTask(Task):
@@ -28,6 +32,8 @@ class ExampleLinearTask(Task):
     is_classifier = False
     # gpfl settings this task reads from the run config (absent keys take gpfl's defaults).
     run_config_keys = ("samples-per-user", "validation-users", "data-seed")
+    # Its own settings, passed to the constructor like the others (noise_level).
+    settings = (NOISE_LEVEL,)
 
     def __init__(
         self,
@@ -35,10 +41,12 @@ class ExampleLinearTask(Task):
         samples_per_user: int = SETTINGS["samples-per-user"].default,
         validation_users: int = SETTINGS["validation-users"].default,
         data_seed: int = SETTINGS["data-seed"].default,
+        noise_level: float = NOISE_LEVEL.default,
     ) -> None:
         self.samples_per_user = SETTINGS["samples-per-user"].parse(samples_per_user)
         self.validation_users = SETTINGS["validation-users"].parse(validation_users)
         self.data_seed = SETTINGS["data-seed"].parse(data_seed)
+        self.noise_level = NOISE_LEVEL.parse(noise_level)
 
     # -- the model: one weight vector ------------------------------------------------------
     @property
@@ -55,7 +63,7 @@ class ExampleLinearTask(Task):
         rng = np.random.default_rng(user_seed(self.data_seed, purpose, index))
         group = index % len(TRUE_WEIGHTS)
         x = rng.standard_normal((self.samples_per_user, TRUE_WEIGHTS.shape[1]))
-        y = x @ TRUE_WEIGHTS[group] + 0.1 * rng.standard_normal(self.samples_per_user)
+        y = x @ TRUE_WEIGHTS[group] + self.noise_level * rng.standard_normal(self.samples_per_user)
         return Dataset(x=x, y=y, group=np.full(len(y), group, dtype=np.int64),
                        user=f"{purpose}-{index}")
 
@@ -67,11 +75,16 @@ class ExampleLinearTask(Task):
         """Return held-out users of both groups (runs on the server)."""
         return [self._user("validation", i) for i in range(max(self.validation_users, 2))]
 
-    # -- the loss and local training -------------------------------------------------------
+    # -- the loss, predictions and local training ------------------------------------------
     def loss(self, params: Params, data: Dataset) -> float:
         """Mean squared error of ``params`` on ``data``."""
         self._check(params)
         return float(np.mean((data.x @ np.asarray(params[0], dtype=np.float64) - data.y) ** 2))
+
+    def predict(self, params: Params, x: np.ndarray) -> np.ndarray:
+        """Return the model's values on ``x`` (what ``gpfl predict`` writes)."""
+        self._check(params)
+        return np.asarray(x, dtype=np.float64) @ np.asarray(params[0], dtype=np.float64)
 
     def _fit(self, params: Params, data: Dataset, schedule: Schedule, device: str) -> Params:
         """Mini-batch SGD on the mean squared error (``device`` is ignored: NumPy only)."""
