@@ -106,7 +106,8 @@ def test_an_empty_data_path_names_the_setting() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({"feature-columns": ""}, r"feature-columns or categorical-columns must name at least one column"),
+    ({"feature-columns": ""},
+     r"feature-columns or categorical-columns must name at least one column"),
     ({"feature-columns": "a,y"}, r"label-column='y' is also among feature-columns"),
     ({"classes": "yes"}, r"classes must name at least 2 label values"),
     ({"tabular-split": "natural-id"}, r"natural-id needs split-column"),
