@@ -234,8 +234,9 @@ def optima_distances(hypotheses: list[list[float]], optima: Any) -> list[float] 
 def metric_part(metrics: Mapping[str, Any], metric: str, k: int) -> str:
     """Say a validated round's task metric, overall and per hypothesis, for its round line.
 
-    ``val_accuracy 0.937 (h0 0.951 on 12 users, h1 0.912 on 8)``: the mean over validation
-    users, each scored with the hypothesis that fits it best, then each hypothesis's own users.
+    ``val_accuracy 0.937 (h0 0.951 on 12 users, h1 0.912 on 8 users)``: the mean over
+    validation users, each scored with the hypothesis that fits it best, then each hypothesis's
+    own users (``h2 no users`` where it fits none best).
     Empty for a task whose metric is its loss (the line shows ``val_loss`` already) or for a
     round that was not validated.
     """
@@ -246,9 +247,9 @@ def metric_part(metrics: Mapping[str, Any], metric: str, k: int) -> str:
         users = metrics.get(f"hypothesis_{j}_users")
         value = metrics.get(f"hypothesis_{j}_{metric}")
         if users is not None:
-            parts.append(f"h{j} {value:.3f} on {int(users)}" if value is not None
+            parts.append(f"h{j} {value:.3f} on {int(users)} users" if value is not None
                          else f"h{j} no users")
-    per = f" ({', '.join(parts)} users)" if parts else ""
+    per = f" ({', '.join(parts)})" if parts else ""
     return f" val_{metric} {float(metrics[metric]):.3f}{per}"
 
 

@@ -44,8 +44,8 @@ def test_a_validated_round_line_shows_the_metric_overall_and_per_hypothesis() ->
 
     line = round_line(record, 10, {}, metric="accuracy")
 
-    assert "round 4/10 val_loss 0.2000 val_accuracy 0.937 (h0 0.950 on 1, h1 0.900 on 1, " \
-           "h2 no users users) clusters" in line
+    assert "round 4/10 val_loss 0.2000 val_accuracy 0.937 (h0 0.950 on 1 users, h1 0.900 on 1 " \
+           "users, h2 no users) clusters" in line
     assert metric_part(metrics, "loss", 3) == ""  # a regression's metric is its loss, shown
     assert metric_part({}, "accuracy", 3) == ""  # a round not validated
 
