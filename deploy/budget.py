@@ -246,10 +246,10 @@ def meaning(plan: DeviceBudget) -> str:
     """
     if plan.cost is None or plan.note:
         return ""
-    paid = ("as many releases as the run asks" if plan.releases is None
-            else f"{plan.releases} release{'s' if plan.releases != 1 else ''}")
-    budget = (f" {plan.cap_setting}={_number(plan.cap)} (spent {_number(plan.spent)}) pays "
-              f"{paid} of the {plan.rounds} rounds.")
+    paid = ("a release every round the run asks for" if plan.covers
+            else f"{plan.releases} release{'s' if plan.releases != 1 else ''}, fewer than the "
+                 f"{plan.rounds} rounds the run asks for")
+    budget = f" {plan.cap_setting}={_number(plan.cap)} (spent {_number(plan.spent)}) pays {paid}."
     if plan.family == "d-privacy":
         within = ("within the whole neighbourhood" if plan.cost <= 1
                   else f"only within r/{plan.cost:.3g} of it")

@@ -131,10 +131,11 @@ def test_the_budget_says_what_a_release_means_and_warns_where_the_model_size_dec
     # comes where n/ν makes the factor large, and names the mechanisms that are not.
     assert "up to a factor e^0.4; the factor stays under e within the whole neighbourhood" in (
         meaning(small))
-    assert "cap-d-privacy=50 (spent 0) pays 40 releases of the 40 rounds" in meaning(small)
+    assert "cap-d-privacy=50 (spent 0) pays a release every round the run asks for" in (
+        meaning(small))
     assert weakness(small) == ""
     assert "e^12.4; the factor stays under e only within r/12.4 of it" in meaning(large)
-    assert "pays 4 releases of the 40 rounds" in meaning(large)
+    assert "pays 4 releases, fewer than the 40 rounds the run asks for" in meaning(large)
     assert weakness(large).startswith("one release costs 12.4 (62 parameters: the neighbourhood "
                                       "calibration charges n/ν), a factor e^12.4")
     assert "mechanism='gaussian'" in weakness(large) and "mechanism='dpsgd'" in weakness(large)
