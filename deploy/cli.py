@@ -103,12 +103,41 @@ _FEDERATION_OPTIONS = ("supernodes", "node_config", "policy", "out", "app", "tls
                        "engine", "app_defaults", "ray_address", "superlink_database")
 
 
+def log_to_setting(items: list[str]) -> str:
+    """Return ``log-to`` for --log-to items, a TensorBoard folder made absolute.
+
+    The ServerApp runs in a process of its own (the SuperLink's executor under the Deployment
+    Engine), whose working folder is not this one.
+
+    Raises
+    ------
+    SystemExit
+        For an item that is not tensorboard:DIR or mlflow:URI, or a library not installed.
+    """
+    import importlib.util
+
+    from settings.checks import LOG_TO_PACKAGES, parse_log_to
+
+    try:
+        pairs = parse_log_to(",".join(items))
+    except ValueError as err:
+        raise SystemExit(f"gpfl: --log-to: {err}") from None
+    for kind, _ in pairs:
+        if importlib.util.find_spec(LOG_TO_PACKAGES[kind]) is None:
+            raise SystemExit(f"gpfl: --log-to {kind} needs the package "
+                             f"{LOG_TO_PACKAGES[kind]!r}: pip install \"gpfl[tracking]\"")
+    return ",".join(f"{kind}:{Path(target).resolve()}" if kind == "tensorboard"
+                    else f"{kind}:{target}" for kind, target in pairs)
+
+
 def _launch_arguments(args: argparse.Namespace) -> dict[str, Any]:
     from deploy.rundir import resume_arguments
 
     run_config: dict[str, Any] = {}
     for text in args.run_config:
         run_config.update(parse_pairs(text, "--run-config"))
+    if args.log_to:
+        run_config["log-to"] = log_to_setting(args.log_to)
     if args.resume:
         given = [f"--{name.replace('_', '-')}" for name in _FEDERATION_OPTIONS
                  if getattr(args, name) not in (None, False, [])]
@@ -304,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "clipped-mean clusters with the persistence test, 60 rounds (100 below "
                         "16 SuperNodes); deploy/quickstart.py)")
     p.add_argument("--out", help="run directory (default: runs/<timestamp>)")
+    p.add_argument("--log-to", action="append", default=[], metavar="tensorboard:DIR|mlflow:URI",
+                   help="also write each round's metrics to TensorBoard (event files under DIR) "
+                        "or MLflow (the tracking URI, e.g. sqlite:////srv/mlflow.db); repeatable; "
+                        "needs gpfl[tracking] (the run-config setting log-to)")
     p.add_argument("--app", help="the Flower app folder (default: this checkout)")
     p.add_argument("--tls", action="store_true",
                    help="encrypt every connection with a throw-away CA made for this launch")

@@ -40,6 +40,7 @@ from server.checkpoint import CHECKPOINT_NAME, check_identity, read_checkpoint, 
 from server.polling import PollingGrid
 from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
+from server.tracking import open_sinks
 from strategies import ClusteredStrategy, NormLimits
 from strategies.clustering import load_kmeans
 from strategies.device_keys import DeviceKeys
@@ -191,8 +192,12 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     # data file or device.
     task_config = {key: settings.values[key] for key in type(task).run_config_keys
                    if key in settings.values and key not in ("data-path", "device")}
+    # log-to: TensorBoard or MLflow beside summary.json; a missing library fails here, at start.
+    sinks = open_sinks(settings.values["log-to"], Path(out_dir).name,
+                       {"task": settings.task, "num-hypotheses": settings.num_hypotheses,
+                        "mechanism": settings.mechanism, "num-rounds": settings.num_rounds})
     recorder = RunRecorder(out_dir, run_config, settings.num_rounds, settings.mechanism, task_info,
-                           identity=identity, task=task, task_config=task_config)
+                           identity=identity, task=task, task_config=task_config, sinks=sinks)
     strategy = ClusteredStrategy(
         initial_hypotheses=hypotheses,
         clients_per_round=settings.clients_per_round,

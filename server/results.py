@@ -19,7 +19,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ import numpy as np
 
 from mechanisms.atomic_file import write_atomic
 from server.checkpoint import CHECKPOINT_NAME, write_checkpoint
+from server.tracking import Sink, close_all, metrics_of
 from tasks.base import Task
 from tasks.delivered import MANIFEST, MODELS_DIR, validation_of, write_delivered
 
@@ -470,13 +471,18 @@ class RunRecorder:
         the delivered models in its own format (`tasks.delivered`).
     task_config : Mapping[str, Any], optional
         The settings that rebuild the task, kept in the models' manifest.
+    sinks : sequence of server.tracking.Sink, optional
+        Where each round's metrics also go (``log-to``: TensorBoard, MLflow); closed when the
+        run ends or stops.
     """
 
     def __init__(self, out_dir: Path, config: Mapping[str, Any], num_rounds: int,
                  mechanism: str, task_info: Mapping[str, Any] | None = None,
                  identity: Mapping[str, Any] | None = None, task: Task | None = None,
-                 task_config: Mapping[str, Any] | None = None) -> None:
+                 task_config: Mapping[str, Any] | None = None,
+                 sinks: Sequence[Sink] = ()) -> None:
         self.out_dir = out_dir
+        self.sinks = list(sinks)
         self.task = task
         self.task_config = dict(task_config or {})
         #: The manifest of the delivered models, once the run has written them.
@@ -620,6 +626,7 @@ class RunRecorder:
                                      self.task_info.get("optima"))
         metric = self.task.metric if self.task is not None else "loss"
         logger.info(round_line(record, self.num_rounds, summary["privacy"], distances, metric))
+        self._track(self.history[-1], summary["privacy"], metric)
         if self.strategy.stopped_early and record.val_loss is not None:
             logger.info("%s stopped early after round %d: no improvement", ROUND_TAG,
                         record.round)
@@ -631,9 +638,30 @@ class RunRecorder:
         in a container) learns the status: ``complete``, ``budget-exhausted``, ...
         """
         self.deliver()
+        self.close_sinks()
         summary = self.write()
         reason = summary.get("incomplete_reason")
         logger.info("%s %s%s", END_LINE, summary["status"], f": {reason}" if reason else "")
+
+    def _track(self, entry: Mapping[str, Any], privacy: Mapping[str, Any], metric: str) -> None:
+        """Send the round's numbers to the ``log-to`` sinks; a sink that fails is dropped.
+
+        A tracking server that goes away must not stop the federation: the round line says so
+        once, and summary.json keeps every number.
+        """
+        numbers = metrics_of(entry, privacy, len(entry.get("cluster_sizes", [])), metric)
+        for sink in list(self.sinks):
+            try:
+                sink.log(int(entry["round"]), numbers)
+            except Exception as err:  # the backend's own errors: any of its exceptions
+                logger.error("%s log-to: %s failed (%s: %s); it gets no more rounds", ROUND_TAG,
+                             type(sink).__name__, type(err).__name__, err)
+                self.sinks.remove(sink)
+
+    def close_sinks(self) -> None:
+        """Close the ``log-to`` sinks (the run ended or stopped)."""
+        close_all(self.sinks)
+        self.sinks = []
 
     def deliver(self) -> None:
         """Write the delivered hypotheses in the task's format (`tasks.delivered`), if any.
@@ -662,6 +690,7 @@ class RunRecorder:
     def on_stop(self, reason: str) -> None:
         """Record that the run stops before its last round (too few devices)."""
         self.deliver()
+        self.close_sinks()
         self.write()
         logger.error("%s run incomplete: %s; the checkpoint of round %d is in %s: continue "
                      "with resume-from=%s", ROUND_TAG, reason, self.strategy.last_round,

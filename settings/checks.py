@@ -13,18 +13,21 @@ import re
 from settings.values import MAX_OPTIMUM, MAX_PRIVACY_PARAMETER
 
 __all__ = [
+    "LOG_TO_PACKAGES",
     "check_allowed_tasks",
     "check_categories",
     "check_column_list",
     "check_device",
     "check_divergence_factor",
     "check_fab_hashes",
+    "check_log_to",
     "check_name",
     "check_number_list",
     "check_optima",
     "check_positive_list",
     "check_task_name",
     "parse_categories",
+    "parse_log_to",
     "parse_optima",
 ]
 
@@ -94,6 +97,28 @@ def parse_categories(text: str) -> list[tuple[str, list[str]]]:
 def check_categories(text: str) -> None:
     """Check a categorical-columns value (see `parse_categories`)."""
     parse_categories(text)
+
+
+#: What ``log-to`` may name, and the package each needs (server/tracking.py writes to them).
+LOG_TO_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+def parse_log_to(text: str) -> list[tuple[str, str]]:
+    """Parse ``log-to`` (``tensorboard:DIR,mlflow:URI``) into (kind, target) pairs."""
+    out: list[tuple[str, str]] = []
+    for item in (i.strip() for i in text.split(",")) if text.strip() else ():
+        kind, sep, target = item.partition(":")
+        if not sep or kind not in LOG_TO_PACKAGES or not target:
+            raise ValueError(f"each item must be tensorboard:DIR or mlflow:URI, got {item!r}")
+        out.append((kind, target))
+    if len({k for k, _ in out}) != len(out):
+        raise ValueError("must not name a kind twice")
+    return out
+
+
+def check_log_to(text: str) -> None:
+    """Check a ``log-to`` value's grammar (the libraries are checked where it runs)."""
+    parse_log_to(text)
 
 
 def check_number_list(text: str) -> None:

@@ -19,6 +19,7 @@ from settings.checks import (
     check_fab_hashes,
     check_ledger_file,
     check_ledger_folder,
+    check_log_to,
     check_name,
     check_number_list,
     check_optima,
@@ -103,6 +104,9 @@ _DECLARATIONS: tuple[Setting, ...] = (
             "key that first spoke it and another node that announces it is not asked)",
             choices=NODE_IDENTITY),
     Setting("out-dir", str, "", "where the ServerApp writes summary.json (\"\" = runs/<time>)"),
+    Setting("log-to", str, "",
+            "where the ServerApp also writes each round's metrics: tensorboard:DIR and/or "
+            "mlflow:URI, comma-separated (needs gpfl[tracking])", check=check_log_to),
     # The deadline of a round: Flower's ServerConfig(round_timeout) becomes the TTL of every
     # instruction, and the SuperLink answers an instruction still unanswered at its TTL with an
     # error, so the round ends then with the replies that arrived. 60 s is ~8x a real-process
