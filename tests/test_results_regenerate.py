@@ -122,7 +122,7 @@ def _is_number(text: str) -> bool:
 
 #: The sections of docs/RESULTS.md whose raw files are not committed yet: kept from the last
 #: report made from uncommitted runs, each marked at its top as not regenerated.
-NOT_YET_REGENERATED: list[str] = []
+NOT_YET_REGENERATED: list[str] = ["rogue-devices"]
 
 
 def test_sections_not_regenerated_are_marked_and_listed_here() -> None:
@@ -145,7 +145,15 @@ def test_the_committed_commands_name_no_folder_of_the_machine_that_ran_them() ->
         assert "/" not in command.removeprefix("python -m experiments "), (meta, command)
 
 
-@pytest.mark.parametrize("name", ORDER)
+#: The experiments whose raw files are committed.
+COMMITTED = [name for name in ORDER if (RAW / name / "results.csv").is_file()]
+
+
+def test_every_experiment_has_raw_files_but_those_listed_as_not_regenerated() -> None:
+    assert sorted(set(ORDER) - set(COMMITTED)) == sorted(NOT_YET_REGENERATED)
+
+
+@pytest.mark.parametrize("name", COMMITTED)
 def test_each_committed_experiment_names_its_commit_and_matches_its_hashes(name: str) -> None:
     # Every published raw file was written by a commit of this history from a clean checkout,
     # is byte for byte what that run wrote, and records the settings of each of its rows.
@@ -157,7 +165,7 @@ def test_each_committed_experiment_names_its_commit_and_matches_its_hashes(name:
     assert len(meta["row_settings"]) == meta["rows"]
 
 
-@pytest.mark.parametrize("name", ORDER)
+@pytest.mark.parametrize("name", COMMITTED)
 def test_each_committed_experiment_satisfies_its_relations(name: str) -> None:
     with open(RAW / name / "results.csv", newline="", encoding="utf-8") as fh:
         rows = list(csv.DictReader(fh))

@@ -208,10 +208,11 @@ def not_regenerated(doc: Path) -> list[str]:
 
 def _kept_note(name: str) -> str:
     return (f"**Not regenerated from raw files:** `{RAW_DIR}/{name}/results.csv` is not "
-            "committed. The text below is the last published one, kept as it was: it was "
-            "measured before runs at one seed asked the same devices each round and before "
-            "each seed drew its own data (where the experiment samples devices or shared one "
-            "data draw), and it predates the report code's corrections. Regenerate: "
+            "committed. Its last raw files were made before `meta.json` named the code that "
+            "made them (the commit, the hashes), and the experiment has not been run again "
+            "since, so they were withdrawn. The text below is the last published one, kept as "
+            "it was; `python -m experiments verify` cannot check it, and it predates later "
+            "changes to the code it measured. Regenerate: "
             f"`python -m experiments {name} --quick`, then `python -m experiments report`.")
 
 
