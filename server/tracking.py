@@ -3,7 +3,8 @@
 The run config's ``log-to`` names where the ServerApp also writes each round's numbers:
 ``tensorboard:DIR`` (event files under ``DIR``, read by ``tensorboard --logdir DIR``, written
 with ``torch.utils.tensorboard.SummaryWriter``) and/or ``mlflow:URI`` (a run of the MLflow
-tracking server or file store at ``URI``, e.g. ``mlflow:sqlite:////srv/mlflow.db``), comma-separated.
+tracking server or database at ``URI``, e.g. ``mlflow:sqlite:////srv/mlflow.db``),
+comma-separated.
 Each validated round gives ``val/loss``, the task's metric (``val/accuracy``), each hypothesis's
 users and metric (``val/hypothesis_<j>/...``); each round ``spend/median``, ``spend/max``,
 ``round/replies`` and ``round/declined``. The numbers are those of the round line and
