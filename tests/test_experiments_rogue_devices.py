@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from experiments.audits.rogue_devices import COLUMNS, section
+import numpy as np
+
+from experiments.audits.rogue_devices import COLUMNS, best_unit, section
 from experiments.cli import run_experiment
 from experiments.core.tables import read_csv
 
@@ -56,3 +59,34 @@ def test_the_criterion_reads_overlapping_wilson_intervals() -> None:
     assert "| robust | 0 | 10/10 [0.72, 1.00] |" in text
     # Paired by seed: seeds 5-9 are 3.0 for the mean and 0.2 for robust: mean −1.4.
     assert "- -1.400 [" in text
+
+
+def _best_unit_by_loop(total, count, direction, threshold):
+    """The search as a plain double loop over angles and lengths: the reference."""
+    radius = threshold * math.sqrt(count + 1) * (1 - 1e-3)
+    across = total - (total @ direction) * direction
+    size = np.linalg.norm(across)
+    across = across / size if size > 0 else np.zeros_like(direction)
+    best, score = np.zeros_like(direction), 0.0
+    for theta in np.linspace(-math.pi, math.pi, 721):
+        way = math.cos(theta) * direction + math.sin(theta) * across
+        for length in np.linspace(1.0, 0.0, 101):
+            if np.linalg.norm(total + length * way) < radius:
+                if length * math.cos(theta) > score:
+                    best, score = length * way, length * math.cos(theta)
+                break
+    return best
+
+
+def test_the_rogues_unit_search_is_the_double_loops_answer() -> None:
+    # 40 seeded cases: sums inside and outside the ball, counts 0-9, levels 0.1-2.
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        direction = rng.normal(size=2)
+        direction /= np.linalg.norm(direction)
+        total = rng.normal(size=2) * rng.uniform(0, 3)
+        count, level = int(rng.integers(0, 10)), float(rng.uniform(0.1, 2))
+
+        found = best_unit(total, count, direction, level)
+
+        assert found.tolist() == _best_unit_by_loop(total, count, direction, level).tolist()

@@ -193,15 +193,23 @@ def best_unit(total: np.ndarray | None, count: int, direction: np.ndarray,
     across = total - (total @ direction) * direction
     size = np.linalg.norm(across)
     across = across / size if size > 0 else np.zeros_like(direction)
-    best, score = np.zeros_like(direction), 0.0
-    for theta in np.linspace(-math.pi, math.pi, 721):
-        way = math.cos(theta) * direction + math.sin(theta) * across
-        for length in np.linspace(1.0, 0.0, 101):
-            if np.linalg.norm(total + length * way) < radius:
-                if length * math.cos(theta) > score:
-                    best, score = length * way, length * math.cos(theta)
-                break
-    return best
+    # Every (angle, length) at once: for each angle the longest length inside the ball, then
+    # the angle whose push along `direction` is largest (the first on ties, none if none > 0).
+    # The grid and the rule are the plain double loop's; in one array it costs milliseconds
+    # where the loop's 72,821 norms cost seconds, ten times a round.
+    thetas = np.linspace(-math.pi, math.pi, 721)
+    lengths = np.linspace(1.0, 0.0, 101)
+    ways = np.cos(thetas)[:, None] * direction + np.sin(thetas)[:, None] * across
+    points = total + lengths[None, :, None] * ways[:, None, :]
+    inside = np.linalg.norm(points, axis=2) < radius
+    has = inside.any(axis=1)
+    first = np.argmax(inside, axis=1)
+    chosen = np.where(has, lengths[first], 0.0)
+    scores = np.where(has, chosen * np.cos(thetas), -np.inf)
+    j = int(np.argmax(scores))
+    if not scores[j] > 0.0:
+        return np.zeros_like(direction)
+    return chosen[j] * ways[j]
 
 
 def one_matrix(strategy: ClusteredStrategy) -> np.ndarray:
