@@ -72,6 +72,9 @@ def test_changing_a_committed_raw_value_changes_the_report(tmp_path: Path) -> No
         shutil.copy2(RAW / name / "results.csv", path)
 
 
+@pytest.mark.skipif(not (RAW / "personalized-budgets" / "results.csv").is_file(),
+                    reason="personalized-budgets' raw files are withdrawn until it is rerun "
+                           "(NOT_YET_REGENERATED)")
 @pytest.mark.parametrize("column", ["accuracy", "max_epsilon", "min_epsilon", "max_sigma",
                                     "min_sigma"])
 def test_the_budgets_section_follows_each_column_it_reads(tmp_path: Path, column: str) -> None:
@@ -122,7 +125,7 @@ def _is_number(text: str) -> bool:
 
 #: The sections of docs/RESULTS.md whose raw files are not committed yet: kept from the last
 #: report made from uncommitted runs, each marked at its top as not regenerated.
-NOT_YET_REGENERATED: list[str] = ["rogue-devices"]
+NOT_YET_REGENERATED: list[str] = ["personalized-budgets", "empirical-privacy", "small-federations"]
 
 
 def test_sections_not_regenerated_are_marked_and_listed_here() -> None:
