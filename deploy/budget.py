@@ -87,12 +87,13 @@ class DeviceBudget:
 
     def to_dict(self) -> dict[str, Any]:
         """Return the plain JSON form (``summary.json``'s ``budget_plan``)."""
+        said, warned = meaning(self), weakness(self)
         return {"unit": self.unit, "cost": self.cost, "cap": self.cap,
                 "cap_setting": self.cap_setting, "spent": self.spent,
                 "releases": self.releases, "rounds": self.rounds, "covers": self.covers,
                 **({"note": self.note} if self.note else {}),
-                **({"meaning": meaning(self)} if meaning(self) else {}),
-                **({"warning": weakness(self)} if weakness(self) else {})}
+                **({"meaning": said} if said else {}),
+                **({"warning": warned} if warned else {})}
 
 
 def _unit(family: str, delta: float) -> str:
@@ -219,10 +220,11 @@ def budget_lines(plans: list[DeviceBudget]) -> list[str]:
             f"{setting}={_number(cap)} (spent {_number(spent)}) pays {paid} more; "
             f"the run asks for {rounds} rounds")
         plan = next(p for p in plans if p.name == names[0])
-        if meaning(plan):
-            lines.append(f"gpfl: budget of {who}, in words: {meaning(plan)}")
-        if weakness(plan):
-            lines.append(f"gpfl: WARNING for {who}: {weakness(plan)}")
+        said, warned = meaning(plan), weakness(plan)
+        if said:
+            lines.append(f"gpfl: budget of {who}, in words: {said}")
+        if warned:
+            lines.append(f"gpfl: WARNING for {who}: {warned}")
         if releases is not None and releases < rounds:
             what = (f"pays {releases} of the {rounds} rounds: after that the device declines"
                     if releases else "pays no round: the device declines every one")

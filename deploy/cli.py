@@ -188,6 +188,17 @@ def _launch(args: argparse.Namespace) -> int:
     return exit_status(result.status, result.finished)
 
 
+def _device_policy_arguments(parser: argparse.ArgumentParser, shown: str) -> None:
+    """Declare --policy, --node-config (read by `_device_policy`) and --json (``shown``)."""
+    parser.add_argument("--policy", metavar="FILE.toml",
+                        help="the device's policy file (its policy-file)")
+    parser.add_argument("--node-config", default="", metavar='"k=v ..." | FILE.toml',
+                        help="the device's node config, as given to gpfl supernode (its keys "
+                             "override the policy file's)")
+    parser.add_argument("--json", action="store_true",
+                        help=f"print the same as JSON ({shown})")
+
+
 def _device_policy(args: argparse.Namespace) -> Any:
     """Return the device policy named by --policy / --node-config, or None without either.
 
@@ -424,13 +435,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "device's settings, read from --policy / --node-config as gpfl supernode "
                     "reads them; without either, the defaults of a device without a policy.")
     p.add_argument("path", help="the ledger file (e.g. runs/<run>/ledgers/client-0.json)")
-    p.add_argument("--policy", metavar="FILE.toml",
-                   help="the device's policy file (its policy-file), for its caps and delta")
-    p.add_argument("--node-config", default="", metavar='"k=v ..." | FILE.toml',
-                   help="the device's node config, as given to gpfl supernode (its keys "
-                        "override the policy file's)")
-    p.add_argument("--json", action="store_true",
-                   help="print the same as JSON (releases, spend, caps, remaining, federations)")
+    _device_policy_arguments(p, "releases, spend, caps, remaining, federations")
     p.set_defaults(func=_ledger)
 
     p = sub.add_parser(
@@ -449,10 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "each, its metric, its models' format, the run-config settings it reads, "
                     "and whether the device's policy (--policy / --node-config; without them, "
                     "a device without settings) allows it.")
-    p.add_argument("--policy", metavar="FILE.toml", help="the device's policy file")
-    p.add_argument("--node-config", default="", metavar='"k=v ..." | FILE.toml',
-                   help="the device's node config, as given to gpfl supernode")
-    p.add_argument("--json", action="store_true", help="print the same as JSON")
+    _device_policy_arguments(p, "name, package, class, metric, settings, allowed")
     p.set_defaults(func=_tasks)
 
     p = sub.add_parser(

@@ -649,6 +649,8 @@ class RunRecorder:
         A tracking server that goes away must not stop the federation: the round line says so
         once, and summary.json keeps every number.
         """
+        if not self.sinks:  # no log-to: nothing to build on the round's path
+            return
         numbers = metrics_of(entry, privacy, len(entry.get("cluster_sizes", [])), metric)
         for sink in list(self.sinks):
             try:
