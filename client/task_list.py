@@ -4,7 +4,8 @@ A run names its task; each side resolves the name against the plugins installed 
 environment (`tasks.installed_tasks`) and a device also against its ``allowed-tasks``. This lists
 them as a device owner needs them: the name, the package that registers it and its class, whether
 it is a classifier (its metric), the format its delivered models are written in, the settings of
-the run config it reads, and whether this device's policy allows it.
+the run config it reads, whether this device's policy allows it, and the optional part of gpfl it
+needs where that is not installed here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from client.policy import DevicePolicy
+from settings.extras import extras_for_run, missing_modules
 
 __all__ = ["format_task_rows", "task_rows"]
 
@@ -29,6 +31,10 @@ def task_rows(policy: DevicePolicy | None = None) -> list[dict[str, Any]]:
     for name, entry in sorted(installed_tasks().items()):
         row: dict[str, Any] = {"name": name, "package": owner_of(entry), "class": entry.value,
                                "allowed": allowed is None or name in allowed}
+        missing = [extra for extra, _, _ in extras_for_run({"task": name})
+                   if missing_modules(extra)]
+        if missing:
+            row["needs"] = [f"gpfl[{extra}]" for extra in missing]
         try:
             cls = task_class(name)
         except Exception as err:  # a plugin's import error is the plugin's: report, go on
@@ -55,6 +61,8 @@ def format_task_rows(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         head = (f"{row['name']}: {row['class']} (package {row['package']}); "
                 f"{'allowed' if row['allowed'] else 'NOT allowed'} on this device")
+        if "needs" in row:
+            head += f"; needs {', '.join(row['needs'])}, not installed here"
         if "error" in row:
             lines += [head, f"    cannot be imported: {row['error']}"]
             continue

@@ -114,18 +114,18 @@ def log_to_setting(items: list[str]) -> str:
     SystemExit
         For an item that is not tensorboard:DIR or mlflow:URI, or a library not installed.
     """
-    import importlib.util
-
     from settings.checks import LOG_TO_PACKAGES, parse_log_to
+    from settings.extras import MissingExtraError, require_extra
 
     try:
         pairs = parse_log_to(",".join(items))
     except ValueError as err:
         raise SystemExit(f"gpfl: --log-to: {err}") from None
     for kind, _ in pairs:
-        if importlib.util.find_spec(LOG_TO_PACKAGES[kind]) is None:
-            raise SystemExit(f"gpfl: --log-to {kind} needs the package "
-                             f"{LOG_TO_PACKAGES[kind]!r}: pip install \"gpfl[tracking]\"")
+        try:
+            require_extra("tracking", f"--log-to {kind}", (LOG_TO_PACKAGES[kind],))
+        except MissingExtraError as err:
+            raise SystemExit(f"gpfl: {err}") from None
     return ",".join(f"{kind}:{Path(target).resolve()}" if kind == "tensorboard"
                     else f"{kind}:{target}" for kind, target in pairs)
 
@@ -348,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write each round's metrics to TensorBoard (event files under DIR) "
                         "or MLflow (the tracking URI, e.g. sqlite:////srv/mlflow.db); repeatable; "
                         "needs gpfl[tracking] (the run-config setting log-to)")
-    p.add_argument("--app", help="the Flower app folder (default: this checkout)")
+    p.add_argument("--app", help="the Flower app folder (default: this checkout, or the installed "
+                                 "packages written to OUT/app/gpfl where there is none)")
     p.add_argument("--tls", action="store_true",
                    help="encrypt every connection with a throw-away CA made for this launch")
     p.add_argument("--auth", action="store_true",

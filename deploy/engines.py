@@ -55,6 +55,7 @@ from deploy.superlink_state import (
 from mechanisms import make_rng
 from server.results import END_LINE, ROUND_TAG, mark_incomplete, plot_summary, write_json_atomic
 from server.settings import RunSettings
+from settings.extras import MissingExtraError, require_extra
 from tasks import load_task
 
 __all__ = ["ENGINES", "DeploymentEngine", "DirectEngine", "Engine", "LaunchResult", "Prepared",
@@ -455,7 +456,11 @@ class SimulationEngine(_FlowerEngine):
         self.cluster_env: dict[str, str] = {}
 
     def check(self, settings: RunSettings, supernodes: int, out: Path) -> None:
-        """Check the Ray address now, before anything starts."""
+        """Check that Ray is installed and the Ray address, now, before anything starts."""
+        try:
+            require_extra("simulation", "--engine simulation")
+        except MissingExtraError as err:
+            raise LaunchError(str(err)) from None
         if self.ray_address is None:
             return
         try:

@@ -38,13 +38,25 @@ class LaunchError(RuntimeError):
     """The federation could not be started, or the run failed."""
 
 
-def project_root() -> Path:
-    """Return the folder holding gpfl's ``pyproject.toml`` (the Flower app)."""
+def checkout_root() -> Path | None:
+    """Return the source checkout gpfl runs from (its ``pyproject.toml``), or None if installed."""
     root = Path(__file__).resolve().parent.parent
-    if not (root / "pyproject.toml").is_file():
+    return root if (root / "pyproject.toml").is_file() else None
+
+
+def project_root() -> Path:
+    """Return the folder holding gpfl's ``pyproject.toml`` (the Flower app).
+
+    Raises
+    ------
+    LaunchError
+        Where gpfl is installed without its source (the benchmarks that need one say so).
+    """
+    root = checkout_root()
+    if root is None:
         raise LaunchError(
-            f"no pyproject.toml next to the installed packages ({root}); `gpfl launch` runs "
-            "the Flower app from a source checkout: pass --app PATH"
+            f"no pyproject.toml next to the installed packages ({Path(__file__).parent.parent}); "
+            "this needs gpfl's source checkout"
         )
     return root
 

@@ -22,10 +22,12 @@ from typing import Any
 
 from client.policy import PolicyError
 from deploy.engines import ENGINES, LaunchResult, Prepared, make_engine
+from deploy.fab import installed_app
 from deploy.federation import (
     CONNECTION,
     Federation,
     LaunchError,
+    checkout_root,
     free_port,
     node_config_arg,
     project_root,
@@ -115,7 +117,9 @@ def launch(
         their policy file. The launcher plays the device owners of its local federation, so
         each device's ledger defaults to ``<out>/ledgers`` unless ``ledger-dir`` is given.
     app_dir : Path, optional
-        The Flower app (default: this checkout). The direct engine calls the installed apps.
+        The Flower app (default: this checkout; where gpfl is installed without one, the
+        installed packages written out to ``<out>/app/gpfl`` by :func:`deploy.fab.installed_app`).
+        The direct engine calls the installed apps.
     timeout : float
         Seconds before the run is abandoned (everything is still stopped).
     startup_timeout : float
@@ -179,9 +183,10 @@ def launch(
                "node_configs": node_configs, "node_env": node_env, "ray_address": ray_address,
                "on_line": on_line}
     runner = make_engine(engine, options)
-    app_dir = (app_dir or project_root()).resolve()
     out = (out_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    # The app: the one named, else this checkout, else the installed packages written out as one.
+    app_dir = (app_dir or checkout_root() or installed_app(out / "app")).resolve()
     config = dict(run_config or {})
     config["out-dir"] = str(out)
     if auth:  # the SuperLink binds each key to one node id, the device (strategies.identity)

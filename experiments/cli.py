@@ -27,6 +27,7 @@ from experiments.core.common import DEFAULT_CACHE, DEFAULT_ROOT, ENGINES, PROFIL
 from experiments.core.provenance import code_state, combine, raw_digests
 from experiments.core.registry import EXPERIMENTS, load
 from experiments.core.runner import run
+from settings.extras import MissingExtraError, require_extra
 
 __all__ = ["COMMANDS", "EXPERIMENTS", "build_parser", "main", "run_experiment"]
 
@@ -140,6 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m experiments`` and ``gpfl-experiment``."""
     args = build_parser().parse_args(argv)
     profile = args.profile or ("quick" if args.quick else "full")
+    if args.name != "report":  # the report only reads raw files and draws
+        try:
+            require_extra("experiments", f"python -m experiments {args.name}")
+        except MissingExtraError as err:
+            print(err, file=sys.stderr)
+            return 2
     if args.name == "bench":
         from experiments.benchmarks.bench_suite import run_suite
 

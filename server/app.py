@@ -41,6 +41,7 @@ from server.polling import PollingGrid
 from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
 from server.tracking import open_sinks
+from settings.extras import check_run_extras
 from strategies import ClusteredStrategy, NormLimits
 from strategies.clustering import load_kmeans
 from strategies.device_keys import DeviceKeys
@@ -161,8 +162,12 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         For an invalid run config.
     CheckpointError
         If ``resume-from`` names no readable checkpoint, or one of another run.
+    settings.extras.MissingExtraError
+        If the task, mechanism or ``log-to`` needs an optional part not installed here.
     """
     settings = RunSettings.from_run_config(run_config)
+    # The task, mechanism and log-to this ServerApp serves need their optional parts here.
+    check_run_extras(settings.values)
     task = load_task(settings.task_config())
     rng = make_rng(settings.seed)
     hypotheses = task.initial_hypotheses(settings.num_hypotheses, rng)

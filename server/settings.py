@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from settings import SettingError, check_node_config, check_run_config
+from settings.extras import MissingExtraError, check_run_extras
 from settings.rules import check_run_rules
 from strategies.server_update import ServerUpdate
 from tasks import require_installed
@@ -100,6 +101,10 @@ def check_launch(run_config: Mapping[str, Any], policy: Mapping[str, Any],
     """
     settings = RunSettings.from_run_config(run_config)
     require_installed(settings.task)
+    try:  # every process of a local launch runs here: what the run asks for must be installed
+        check_run_extras(settings.values)
+    except MissingExtraError as err:
+        raise SettingError(str(err)) from None
     check_node_config(policy, source="launch policy")
     for i, node in enumerate(nodes):
         check_node_config(node, source=f"node config of SuperNode {i}")

@@ -16,12 +16,12 @@ is not installed fails when the ServerApp starts, naming the package.
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from settings.checks import LOG_TO_PACKAGES, parse_log_to
+from settings.extras import require_extra
 
 __all__ = ["Sink", "close_all", "metrics_of", "open_sinks"]
 
@@ -76,14 +76,12 @@ def open_sinks(text: str, run_name: str, params: Mapping[str, Any]) -> list[Sink
 
     Raises
     ------
-    RuntimeError
-        If a named library is not installed (naming the package to install).
+    settings.extras.MissingExtraError
+        If a named library is not installed (naming the extra that installs it).
     """
     sinks: list[Sink] = []
     for kind, target in parse_log_to(text):
-        if importlib.util.find_spec(LOG_TO_PACKAGES[kind]) is None:
-            raise RuntimeError(f"log-to={text!r} needs the package {LOG_TO_PACKAGES[kind]!r}: pip "
-                               f"install {LOG_TO_PACKAGES[kind]} (or gpfl[tracking])")
+        require_extra("tracking", f"log-to={text!r}", (LOG_TO_PACKAGES[kind],))
         sinks.append(_TensorBoard(target, run_name) if kind == "tensorboard"
                      else _MLflow(target, run_name, params))
     return sinks

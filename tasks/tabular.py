@@ -44,6 +44,7 @@ from torch import nn
 
 from settings import SETTINGS
 from settings.checks import parse_categories
+from settings.extras import MissingExtraError, require_extra
 from tasks.base import Dataset
 from tasks.config import TaskSettingsError
 from tasks.tabular_data import (
@@ -134,6 +135,10 @@ class TabularTask(TorchTask):
         impute: str = SETTINGS["impute"].default,
     ) -> None:
         super().__init__(device=device)
+        try:  # pandas, PyArrow and Flower Datasets read and split the table
+            require_extra("tabular", "task='tabular'")
+        except MissingExtraError as err:
+            raise TaskSettingsError(str(err)) from None
         self.data_path: str = SETTINGS["data-path"].parse(os.fspath(data_path))
         self.label_column: str = SETTINGS["label-column"].parse(label_column)
         self.feature_columns = _items(SETTINGS["feature-columns"].parse(feature_columns))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import logging
+import random
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from scipy import stats
 
 from client.numpy_client import TASK_DATA_DECLINED
 from mechanisms import NeighbourhoodEvent, PrivacyLedger
+from mechanisms import rng as rng_module
 from mechanisms.invariant import lower_tail_factor
 from tests.test_adversarial_server import (
     HONEST,
@@ -31,6 +33,18 @@ from tests.test_adversarial_server import (
 )
 
 N_OVER_NU = 2 / 5  # one synthetic release at nu = 5: n/nu with n = 2
+
+
+@pytest.fixture
+def fixed_entropy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Feed the device's noise from a fixed seed instead of the OS CSPRNG, for one test.
+
+    The release still goes through ``device_rng`` and the mechanism exactly as a device runs
+    them; only the 128 bits that seed each release's generator come from
+    ``random.Random(2026)``. A statistical test at alpha = 1e-3 fails a correct mechanism once
+    in a thousand seeds: with the seed fixed, it fails only if the mechanism changes.
+    """
+    monkeypatch.setattr(rng_module.secrets, "randbits", random.Random(2026).getrandbits)
 
 
 def hypotheses_near(count: int, spacing: float) -> list[np.ndarray]:
@@ -154,6 +168,7 @@ def test_whether_a_round_is_charged_does_not_depend_on_the_data(tmp_path: Path) 
 
 
 # -- 2. a radius the server controls ---------------------------------------------------------------
+@pytest.mark.usefixtures("fixed_entropy")
 def test_a_vanishing_learning_rate_still_gets_noise_at_the_least_radius(tmp_path: Path) -> None:
     # Prepare: with a step of 1e-30 the update is 0 and the heuristic's noise nu * ||delta||
     # vanishes: the release was the chosen hypothesis, unnoised. The device's least radius
@@ -169,8 +184,9 @@ def test_a_vanishing_learning_rate_still_gets_noise_at_the_least_radius(tmp_path
         distances.append(min(float(np.linalg.norm(released[0] - h)) for h in HONEST))
 
     # Assert: the distance to the hypothesis is the Euclidean Laplace radius Gamma(n = 2,
-    # scale nu * least / 2) (KS at alpha = 1e-3 over 300 draws; the nearest hypothesis is the
-    # chosen one: they are 10.5 apart, the noise ~0.25), and every release was charged n/nu.
+    # scale nu * least / 2) (KS at alpha = 1e-3 over 300 draws from the fixed entropy; the
+    # nearest hypothesis is the chosen one: they are 10.5 apart, the noise ~0.25), and every
+    # release was charged n/nu.
     assert stats.kstest(distances, stats.gamma(2, scale=nu * least / 2).cdf).pvalue > 1e-3
     assert metrics["releases"] == draws
     assert metrics["spend-d"] == pytest.approx(draws * N_OVER_NU)
@@ -195,6 +211,7 @@ def test_more_hypotheses_than_the_device_allows_are_declined(
     assert not ledger(tmp_path).path.exists()
 
 
+@pytest.mark.usefixtures("fixed_entropy")
 def test_the_zoom_attack_at_the_most_hypotheses_a_device_serves_is_bounded(
     tmp_path: Path,
 ) -> None:
@@ -226,8 +243,8 @@ def test_the_zoom_attack_at_the_most_hypotheses_a_device_serves_is_bounded(
 
     # Assert: every release's noise is above the invariant's bound at the least radius (an
     # honest release falls below it with probability <= 1e-9), and the noise norms follow
-    # Gamma(n = 2, scale nu * least / 2), mean 0.05 (KS over 150 draws at alpha = 1e-3: a
-    # false alarm once in a thousand runs); each release was charged n / nu.
+    # Gamma(n = 2, scale nu * least / 2), mean 0.05 (KS over 150 draws from the fixed entropy
+    # at alpha = 1e-3); each release was charged n / nu.
     assert min(noise) >= lower_tail_factor(2) * nu * least
     assert stats.kstest(noise, stats.gamma(2, scale=nu * least / 2).cdf).pvalue > 1e-3
     assert metrics["releases"] == draws

@@ -2,8 +2,9 @@
 
 The imports are read from the source (every ``import`` statement, nested ones too), mapped to
 the distributions that provide them with :func:`importlib.metadata.packages_distributions`, and
-compared with the declared requirements: the product's packages against ``dependencies``, the
-tests against ``dependencies`` plus the ``dev`` extra.
+compared with the declared requirements: the product's packages against ``dependencies`` and its
+extras, the tests against those plus the ``dev`` extra. Each extra's modules, as
+:data:`settings.extras.EXTRAS` names them for its messages, are the ones its requirements provide.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+
+from settings.extras import EXTRAS
 
 ROOT = Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -63,12 +66,39 @@ def undeclared(folders: list[str], declared: set[str]) -> dict[str, str]:
     return missing
 
 
-RUNTIME = {_name(r) for r in PROJECT["dependencies"]}
-DEV = {_name(r) for r in PROJECT["optional-dependencies"]["dev"]}
+def extra_requirements(name: str) -> set[str]:
+    """The distributions extra ``name`` asks for, its ``gpfl[...]`` references followed."""
+    out: set[str] = set()
+    for requirement in PROJECT["optional-dependencies"][name]:
+        nested = re.fullmatch(r"gpfl\[([a-z,]+)\]", requirement)
+        if nested:
+            for other in nested.group(1).split(","):
+                out |= extra_requirements(other)
+        else:
+            out.add(_name(requirement))
+    return out
+
+
+CORE = {_name(r) for r in PROJECT["dependencies"]}
+EXTRA_NAMES = [e for e in PROJECT["optional-dependencies"] if e != "dev"]
+RUNTIME = CORE.union(*(extra_requirements(e) for e in EXTRA_NAMES))
+DEV = extra_requirements("dev")
 
 
 def test_the_product_imports_only_declared_packages() -> None:
     assert undeclared(PACKAGES, RUNTIME) == {}
+
+
+def test_every_extra_is_named_for_its_messages_with_the_modules_it_installs() -> None:
+    # The extras of pyproject.toml and of settings.extras are the same, and each one's modules
+    # are provided by its requirements (flwr[simulation] by Ray, an extra of Flower's).
+    providers = metadata.packages_distributions()
+    assert set(EXTRAS) == set(EXTRA_NAMES)
+    for name, extra in EXTRAS.items():
+        wanted = extra_requirements(name) | ({"ray"} if name in ("simulation", "experiments")
+                                             else set())
+        for module in extra.modules:
+            assert {_name(d) for d in providers.get(module, [])} & wanted, (name, module)
 
 
 def test_the_tests_import_only_declared_packages() -> None:

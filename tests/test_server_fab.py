@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import tomllib
 from pathlib import Path
 
 import pytest
 from flwr.cli.build import build_fab_from_disk
 
-from deploy.fab import stage_app
+from deploy.fab import installed_app, stage_app
 from deploy.federation import project_root
 
 # Flower's FAB build asks pathspec for its deprecated "gitwildmatch" patterns.
@@ -91,3 +92,25 @@ def test_the_benchmark_builds_both_ways_and_finds_them_equal(
     out = capsys.readouterr().out
     assert "| the app folder | 14 |" in out and "| gpfl's copy (copy + build) | 9 |" in out
     assert "same FAB: True" in out
+
+
+def test_an_installed_gpfl_writes_the_checkouts_app_table_and_code(tmp_path: Path) -> None:
+    # Prepare: the checkout's own [tool.flwr.app] and the files its FAB carries.
+    checkout = tomllib.loads((project_root() / "pyproject.toml").read_text())
+
+    # Execute
+    app = installed_app(tmp_path)
+    written = tomllib.loads((app / "pyproject.toml").read_text())
+
+    # Assert: the same app table, config included, the same version, and every .py file of the
+    # FAB's packages byte for byte (here the installed packages are the checkout's).
+    assert written["tool"]["flwr"]["app"] == checkout["tool"]["flwr"]["app"]
+    assert written["project"]["version"] == checkout["project"]["version"]
+    for package in ("settings", "mechanisms", "strategies", "client", "server", "tasks"):
+        ours = {p.relative_to(project_root()) for p in (project_root() / package).rglob("*.py")}
+        theirs = {p.relative_to(app) for p in (app / package).rglob("*.py")}
+        assert ours == theirs
+        for rel in ours:
+            assert (app / rel).read_bytes() == (project_root() / rel).read_bytes()
+    # ... and Flower builds a FAB from it (its validation of the pyproject included).
+    assert build_fab_from_disk(app)
