@@ -125,7 +125,7 @@ def _is_number(text: str) -> bool:
 
 #: The sections of docs/RESULTS.md whose raw files are not committed yet: kept from the last
 #: report made from uncommitted runs, each marked at its top as not regenerated.
-NOT_YET_REGENERATED: list[str] = ["personalized-budgets", "empirical-privacy", "small-federations"]
+NOT_YET_REGENERATED: list[str] = []
 
 
 def test_sections_not_regenerated_are_marked_and_listed_here() -> None:

@@ -368,7 +368,8 @@ def render(raw: Path, previous: str, *, checked: bool = True) -> str:
         rows, meta = item
         out += [_profile_note(meta), ""]
         out += experiments[name].report(rows)
-        out += ["", *_figures(raw, name), ""]
+        figures = _figures(raw, name)
+        out += ["", *figures, ""] if figures else [""]
     out += _differences()
     # Sections measured by other commands (each names its own) follow the marker: kept.
     kept = previous.split(KEPT_MARKER, 1)
