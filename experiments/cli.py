@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from experiments.core.common import DEFAULT_CACHE, DEFAULT_ROOT, ENGINES, PROFILES, Context
-from experiments.core.provenance import code_state, combine, raw_digests
+from experiments.core.provenance import code_state, combine, float_environment, raw_digests
 from experiments.core.registry import EXPERIMENTS, load
 from experiments.core.runner import run
 from settings.extras import MissingExtraError, require_extra
@@ -107,6 +107,7 @@ def run_experiment(name: str, *, out: Path, cache: Path, profile: str,
     rows = run(experiment, ctx)
     ctx.write_meta(started, {
         "code": combine(code_at_start, code_state()),
+        "float_environment": float_environment(),
         "raw_files": raw_digests(out),
         "rows": len(rows),
         "row_settings": list(ctx.row_settings),
@@ -132,7 +133,11 @@ def _verify(args: argparse.Namespace) -> int:
     verdicts = verify(root, args.experiments, count=args.rows, seed=args.seed,
                       indices=args.row, max_seconds=args.max_seconds)
     failed = [v.name for v in verdicts if not v.ok]
-    print(f"verify: {len(verdicts) - len(failed)} of {len(verdicts)} experiments ok"
+    unsure = [v.name for v in verdicts if v.ok and v.inconclusive]
+    confirmed = len(verdicts) - len(failed) - len(unsure)
+    print(f"verify: {confirmed} of {len(verdicts)} experiments ok"
+          + (f"; inconclusive (made on another float environment): {', '.join(unsure)}"
+             if unsure else "")
           + (f"; failed: {', '.join(failed)}" if failed else ""))
     return 1 if failed else 0
 

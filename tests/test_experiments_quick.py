@@ -98,10 +98,12 @@ def test_accuracy_vs_nu_learns_and_nu15_is_clearly_worse(
     # users), and ν = 15 catches up the longer the run: after 30 rounds ν = 1 vs 15 gave 0.947
     # vs 0.869 in one run, 0.925 vs 0.902 in another (held-out loss +0.31, +0.08). The smoke
     # profile stops at 20 rounds, where ν = 15 was 0.08-0.12 behind in accuracy and 0.25-0.39
-    # in loss in two runs; the loss margin is asserted, and the accuracy must be lower.
+    # in loss in two runs, and on a machine with AVX-512 kernels 0.883 vs 0.886 in accuracy,
+    # 0.33 vs 0.44 in loss. The loss margin is asserted; the accuracy of ν = 15 must not be
+    # clearly better (one point).
     loss1 = _cell(accuracy, "val_loss", nu=1.0, k=2)
     loss15 = _cell(accuracy, "val_loss", nu=15.0, k=2)
-    assert nu15 < nu1 and loss15 > loss1 + 0.03, (nu1, nu15, loss1, loss15)
+    assert loss15 > loss1 + 0.03 and nu15 < nu1 + 0.01, (nu1, nu15, loss1, loss15)
     # k = 2 against k = 1 without noise is checked on the fairness runs (parity labels):
     # with the rotation alone one CNN learns both orientations, and whether k = 2 splits the
     # users (and gets ahead) varies from run to run; `split_rounds` records it.
@@ -276,12 +278,26 @@ def test_verify_reruns_a_federation_row_exactly_and_an_edit_fails_it(root: Path,
     rerun = verify_experiment("synthetic-ablation", folder, count=1, rng=random.Random(0),
                               indices=[last], stream=io.StringIO())
 
-    # Assert: the hash fails first; with the hash forged, the relation and the rerun fail.
+    # ... and the raw files said to come from another CPU.
+    meta["float_environment"] = {**meta["float_environment"], "cpu": "Another CPU",
+                                 "torch_cpu_capability": "AVX2"}
+    (folder / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    elsewhere = verify_experiment("synthetic-ablation", folder, count=1,
+                                  rng=random.Random(0), indices=[last], stream=io.StringIO())
+
+    # Assert: the hash fails first; with the hash forged, the relation and the rerun fail; made
+    # on another float environment, the differing row is inconclusive (the relation still
+    # fails: it holds on every machine).
     assert any("results.csv does not match the hash" in f
                for f in _failures(checked, "provenance"))
     assert any("max_dist = max(dist_opt1, dist_opt2) fails" in f
                for f in _failures(rerun, "sanity"))
     assert any(f"dist_opt1 committed '{edited}'" in f for f in _failures(rerun, "rerun"))
+    assert rerun.inconclusive == [] and _failures(elsewhere, "rerun") == []
+    assert len(elsewhere.inconclusive) == 1
+    assert f"dist_opt1 committed '{edited}'" in elsewhere.inconclusive[0]
+    assert "made on Another CPU (x86_64, torch AVX2" in elsewhere.inconclusive[0]
+    assert _failures(elsewhere, "sanity") != []
 
 
 @pytest.mark.timeout(600)

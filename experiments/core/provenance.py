@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 __all__ = ["DATA_FILES", "REPOSITORY", "code_state", "combine", "digest", "federation_configs",
-           "jsonable", "problems", "raw_digests"]
+           "float_environment", "jsonable", "problems", "raw_digests"]
 
 #: The repository this package was imported from (its git checkout, when it is one).
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -64,6 +65,38 @@ def code_state(root: Path = REPOSITORY) -> dict[str, Any]:
     changes = [line[3:] for line in status.splitlines() if line.strip()]
     return {"commit": commit.strip(), "dirty": bool(changes),
             "changes": changes[:_CHANGES_SHOWN]}
+
+
+def float_environment() -> dict[str, Any]:
+    """Return what decides how this machine's floating-point kernels round.
+
+    The same seeded run gives the same bits only where the kernels are the same: torch and
+    NumPy pick theirs by the instruction sets the CPU has (AVX2 or AVX-512 sum a dot product in
+    different orders), and a long noisy training run carries a difference in the last bit of one
+    step into its accuracy.
+
+    Returns
+    -------
+    dict
+        ``machine`` (the architecture), ``cpu`` (the model name the kernel reports),
+        ``torch_cpu_capability`` (the kernels torch dispatches to) and ``numpy_simd`` (the
+        instruction-set groups NumPy found beyond its baseline).
+    """
+    import numpy as np
+    import torch
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        cpu = platform.processor()
+    simd = np.show_config(mode="dicts").get("SIMD Extensions", {})
+    return {"machine": platform.machine(), "cpu": cpu or platform.processor(),
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "numpy_simd": sorted(simd.get("found", []))}
 
 
 def combine(start: Mapping[str, Any], end: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,9 +20,14 @@ For each experiment with raw files under the given folder (default ``docs/result
 Exact equality holds because every configuration is seeded, its noise included (the
 experiments' devices opt in to seeded noise), and runs in one process in a fixed order: the
 direct engine gives the numbers of the Simulation Engine bit for bit
-(``tests/test_experiments_pairing.py``). The same machine type is assumed: another CPU's
-floating-point kernels may round a training step differently, and a rerun there may differ in
-the last digits of a long run.
+(``tests/test_experiments_pairing.py``), on the same **float environment**
+(`experiments.core.provenance.float_environment`: the CPU and the instruction sets torch and
+NumPy dispatch to, recorded in ``meta.json``). Another CPU's kernels round a training step
+differently, and a long noisy run carries that last bit into its accuracy (a digits CNN row made
+with AVX2 kernels gave accuracy 0.883, rerun with AVX-512 ones 0.864). So a rerun row that
+differs where the raw files were made on another float environment (or one not recorded) is
+**inconclusive**: printed with both environments, not a failure. Where the environments are the
+same, any difference fails. Provenance and the relations are checked on every machine.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from experiments.core.common import Context
+from experiments.core.provenance import float_environment
 from experiments.core.provenance import problems as provenance_problems
 from experiments.core.registry import EXPERIMENTS, load
 from experiments.core.runner import Cell, Experiment
@@ -61,12 +67,16 @@ class Verdict:
         The rows rerun.
     notes : list of str
         What was left out and why (volatile columns, a row needing a data file).
+    inconclusive : list of str
+        Rerun rows that differ from raw files made on another float environment: neither
+        confirmed nor failed.
     """
 
     name: str
     failures: list[str] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    inconclusive: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -137,6 +147,9 @@ def verify_experiment(name: str, folder: Path, *, count: int, rng: random.Random
                                                                      max_seconds)
     if not chosen:
         return verdict
+    recorded, here = meta.get("float_environment"), float_environment()
+    elsewhere = None if recorded == here else (
+        f"made on {_environment(recorded)}, rerun on {_environment(here)}")
     with tempfile.TemporaryDirectory(prefix=f"gpfl-verify-{name}-") as tmp, \
             open(Path(tmp) / "progress.log", "w", encoding="utf-8") as progress:
         work = Path(tmp)
@@ -168,11 +181,15 @@ def verify_experiment(name: str, folder: Path, *, count: int, rng: random.Random
                        for c in experiment.columns
                        if c not in experiment.volatile and rows[index][c] != rerun[c]]
             compared = len(experiment.columns) - len(experiment.volatile)
-            if differs:
-                verdict.failures.append(f"rerun: row {index} ({cell.label}): "
-                                        + "; ".join(differs))
-            print(f"verify {name} row {index} ({cell.label}): "
-                  f"{'DIFFERS' if differs else 'equal'} in {compared} columns"
+            finding = f"rerun: row {index} ({cell.label}): " + "; ".join(differs)
+            if differs and elsewhere:
+                verdict.inconclusive.append(f"{finding} ({elsewhere})")
+            elif differs:
+                verdict.failures.append(finding)
+            outcome = (f"equal in {compared} columns" if not differs
+                       else f"DIFFERS in {len(differs)} of {compared} columns"
+                       + (", inconclusive: another float environment" if elsewhere else ""))
+            print(f"verify {name} row {index} ({cell.label}): {outcome}"
                   f"{'' if not experiment.volatile else ', volatile not compared: '}"
                   f"{', '.join(experiment.volatile)} ({seconds:.0f} s)", file=out, flush=True)
     return verdict
@@ -201,8 +218,20 @@ def verify(root: Path, names: Sequence[str] | None = None, *, count: int = 1,
                                               indices=indices, max_seconds=max_seconds,
                                               stream=out))
         verdict = verdicts[-1]
-        print(f"verify {name}: {'ok' if verdict.ok else 'FAILED'} "
+        state = "FAILED" if not verdict.ok else "inconclusive" if verdict.inconclusive else "ok"
+        print(f"verify {name}: {state} "
               f"({len(verdict.rows)} rows rerun)", file=out, flush=True)
         for failure in verdict.failures:
             print(f"  {failure}", file=out, flush=True)
+        for finding in verdict.inconclusive:
+            print(f"  inconclusive: {finding}", file=out, flush=True)
     return verdicts
+
+
+def _environment(recorded: Any) -> str:
+    """Describe a recorded float environment in a few words (or say that none was recorded)."""
+    if not isinstance(recorded, dict):
+        return "a float environment not recorded"
+    return (f"{recorded.get('cpu') or '?'} ({recorded.get('machine')}, torch "
+            f"{recorded.get('torch_cpu_capability')}, NumPy "
+            f"{'+'.join(recorded.get('numpy_simd') or []) or 'baseline'})")
