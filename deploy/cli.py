@@ -109,23 +109,20 @@ def log_to_setting(items: list[str]) -> str:
     The ServerApp runs in a process of its own (the SuperLink's executor under the Deployment
     Engine), whose working folder is not this one.
 
+    A library that is not installed is the launch's check to report (`server.settings.check_launch`,
+    through `settings.extras.check_run_extras`), as for the run-config setting.
+
     Raises
     ------
     SystemExit
-        For an item that is not tensorboard:DIR or mlflow:URI, or a library not installed.
+        For an item that is not tensorboard:DIR or mlflow:URI.
     """
-    from settings.checks import LOG_TO_PACKAGES, parse_log_to
-    from settings.extras import MissingExtraError, require_extra
+    from settings.checks import parse_log_to
 
     try:
         pairs = parse_log_to(",".join(items))
     except ValueError as err:
         raise SystemExit(f"gpfl: --log-to: {err}") from None
-    for kind, _ in pairs:
-        try:
-            require_extra("tracking", f"--log-to {kind}", (LOG_TO_PACKAGES[kind],))
-        except MissingExtraError as err:
-            raise SystemExit(f"gpfl: {err}") from None
     return ",".join(f"{kind}:{Path(target).resolve()}" if kind == "tensorboard"
                     else f"{kind}:{target}" for kind, target in pairs)
 

@@ -11,7 +11,8 @@ users and metric (``val/hypothesis_<j>/...``); each round ``spend/median``, ``sp
 ``summary.json``: what the server has anyway, nothing a device did not release.
 
 The libraries are optional (``pip install "gpfl[tracking]"``): a ``log-to`` that names one that
-is not installed fails when the ServerApp starts, naming the package.
+is not installed fails the launch's check and the ServerApp's start, naming the extra
+(`settings.extras`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from settings.checks import LOG_TO_PACKAGES, parse_log_to
-from settings.extras import require_extra
+from settings.checks import parse_log_to
 
 __all__ = ["Sink", "close_all", "metrics_of", "open_sinks"]
 
@@ -74,14 +74,11 @@ class _MLflow:
 def open_sinks(text: str, run_name: str, params: Mapping[str, Any]) -> list[Sink]:
     """Open the sinks ``log-to`` names, for the run ``run_name`` with its ``params``.
 
-    Raises
-    ------
-    settings.extras.MissingExtraError
-        If a named library is not installed (naming the extra that installs it).
+    The libraries must be installed: the ServerApp checks that first, with the rest of what the
+    run config needs (`settings.extras.check_run_extras`).
     """
     sinks: list[Sink] = []
     for kind, target in parse_log_to(text):
-        require_extra("tracking", f"log-to={text!r}", (LOG_TO_PACKAGES[kind],))
         sinks.append(_TensorBoard(target, run_name) if kind == "tensorboard"
                      else _MLflow(target, run_name, params))
     return sinks

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from client.task_list import format_task_rows, task_rows
+from deploy.cli import log_to_setting
 from deploy.engines import SimulationEngine
 from deploy.federation import LaunchError
 from experiments.cli import main as experiments_main
+from server.app import build_components
 from server.settings import RunSettings, check_launch
-from server.tracking import open_sinks
 from settings import SettingError, federation_defaults
 from settings.extras import (
     EXTRAS,
@@ -102,12 +103,22 @@ def test_the_simulation_engine_without_ray_fails_before_anything_starts(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_log_to_without_its_library_fails_when_the_serverapp_opens_it(
+def test_log_to_without_its_library_fails_when_the_serverapp_starts(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     without(monkeypatch, "mlflow")
     with pytest.raises(MissingExtraError, match=r"gpfl\[tracking\].*mlflow"):
-        open_sinks(f"mlflow:sqlite:///{tmp_path}/m.db", "run", {})
+        build_components({"log-to": f"mlflow:sqlite:///{tmp_path}/m.db",
+                          "out-dir": str(tmp_path / "run")})
+    assert not (tmp_path / "run").exists()
+
+
+def test_log_to_on_the_command_line_without_its_library_fails_the_launch_check(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    without(monkeypatch, "tensorboard")
+    with pytest.raises(SettingError, match=r"log-to=.*needs gpfl\[tracking\].*tensorboard"):
+        check_launch({"log-to": log_to_setting([f"tensorboard:{tmp_path}/tb"])}, {}, [])
 
 
 def test_the_tabular_task_itself_names_its_extra(monkeypatch: pytest.MonkeyPatch) -> None:
