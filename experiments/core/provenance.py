@@ -86,13 +86,13 @@ def float_environment() -> dict[str, Any]:
     import torch
 
     cpu = ""
-    try:
+    try:  # Linux names the model here; platform.processor() elsewhere
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
     except OSError:
-        cpu = platform.processor()
+        pass
     simd = np.show_config(mode="dicts").get("SIMD Extensions", {})
     return {"machine": platform.machine(), "cpu": cpu or platform.processor(),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
