@@ -63,7 +63,6 @@ from mechanisms import (
     device_rng,
     seeded_rng,
 )
-from settings.extras import missing_modules
 from tasks import Task, TaskDataError, declared_shapes, preflight_task
 
 __all__ = [
@@ -299,12 +298,6 @@ class GpflClient(NumPyClient):
             logger.warning("%sdeclines (task-data): %s; nothing charged", line,
                            _one_line(problem))
             return self._decline(TASK_DATA_DECLINED, "task-data", None)
-        if isinstance(plan, RecordPlan) and missing_modules("dpsgd"):
-            # Before any data is read or charged: a fixed text, the same for every record.
-            reason = ("declined: mechanism dpsgd needs the optional part gpfl[dpsgd] (Opacus), "
-                      "which this device does not have")
-            logger.warning("%sdeclines (policy): %s; nothing charged", line, reason)
-            return self._decline(reason, "policy", None)
         if not self.policy["data-path"]:
             # No device file to read: building the task is public (its data is generated from
             # the run config), so a malformed instruction, or task settings that do not fit

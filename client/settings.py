@@ -17,6 +17,7 @@ from typing import Any
 
 from client.policy import DevicePolicy, PolicyDecline
 from settings import SETTINGS, SettingError, check_run_config
+from settings.extras import extras_for_device, missing_modules
 
 __all__ = ["ClientSettings", "PrivacySettings"]
 
@@ -154,6 +155,12 @@ class ClientSettings:
                 f"declined by policy: mechanism={mechanism!r} is not among this device's "
                 f"mechanisms ({','.join(policy.mechanisms)})"
             )
+        # An optional part this device lacks (Opacus for dpsgd, pandas for tabular): declined
+        # before the task is built. A fact of the installation, the same whatever the data.
+        for extra, feature, _ in extras_for_device(request):
+            if missing_modules(extra):
+                raise PolicyDecline(f"declined: {feature} needs the optional part gpfl[{extra}], "
+                                    "which this device does not have")
         per_client = request["client-epsilons"]
         if per_client:
             # Personalized budgets where node configs cannot be given (the Simulation

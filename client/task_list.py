@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from client.policy import DevicePolicy
-from settings.extras import extras_for_run, missing_modules
+from settings.extras import extras_for_device, missing_modules
 
 __all__ = ["format_task_rows", "task_rows"]
 
@@ -31,7 +31,7 @@ def task_rows(policy: DevicePolicy | None = None) -> list[dict[str, Any]]:
     for name, entry in sorted(installed_tasks().items()):
         row: dict[str, Any] = {"name": name, "package": owner_of(entry), "class": entry.value,
                                "allowed": allowed is None or name in allowed}
-        missing = [extra for extra, _, _ in extras_for_run({"task": name})
+        missing = [extra for extra, _, _ in extras_for_device({"task": name})
                    if missing_modules(extra)]
         if missing:
             row["needs"] = [f"gpfl[{extra}]" for extra in missing]

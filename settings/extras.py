@@ -19,9 +19,9 @@ extra           what it gives                                          what it i
 ==============  =====================================================  =========================
 
 A feature whose extra is missing fails when the run starts, naming the setting, the extra and
-the modules it did not find; a device asked for such a feature declines the round with a fixed
-reason and is charged nothing. Which modules an extra provides is checked with
-:func:`importlib.util.find_spec`, which imports nothing.
+the modules it did not find; a device asked for a task or mechanism whose extra it lacks declines
+the round with a fixed reason, before anything is built, read or charged. Which modules an extra
+provides is checked with :func:`importlib.util.find_spec`, which imports nothing.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ __all__ = [
     "Extra",
     "MissingExtraError",
     "check_run_extras",
+    "extras_for_device",
     "extras_for_run",
     "missing_modules",
     "require_extra",
@@ -125,17 +126,28 @@ def require_extra(name: str, feature: str, modules: tuple[str, ...] | None = Non
             f"\"gpfl[{name}]\" (not installed here: {', '.join(missing)})")
 
 
-def extras_for_run(values: Mapping[str, Any]) -> list[tuple[str, str, tuple[str, ...] | None]]:
-    """Return what a checked run config needs: ``(extra, "setting=value", modules)`` each.
+def extras_for_device(values: Mapping[str, Any]) -> list[tuple[str, str, None]]:
+    """Return what a run's task and mechanism need on a device: ``(extra, "setting=value", None)``.
 
-    ``modules`` is ``None`` for the whole extra. The run's task, mechanism and ``log-to`` are
-    read; the engine is the launcher's to check (it is not a run-config setting).
+    A device asked for them without the extra declines the round before anything is built,
+    read or charged (`client.settings.ClientSettings.resolve`).
     """
-    needs: list[tuple[str, str, tuple[str, ...] | None]] = []
+    needs: list[tuple[str, str, None]] = []
     if values.get("task") == "tabular":
         needs.append(("tabular", "task='tabular'", None))
     if values.get("mechanism") == "dpsgd":
         needs.append(("dpsgd", "mechanism='dpsgd'", None))
+    return needs
+
+
+def extras_for_run(values: Mapping[str, Any]) -> list[tuple[str, str, tuple[str, ...] | None]]:
+    """Return what a checked run config needs: ``(extra, "setting=value", modules)`` each.
+
+    ``modules`` is ``None`` for the whole extra. The run's task and mechanism
+    (:func:`extras_for_device`) and ``log-to`` (the ServerApp's) are read; the engine is the
+    launcher's to check (it is not a run-config setting).
+    """
+    needs: list[tuple[str, str, tuple[str, ...] | None]] = [*extras_for_device(values)]
     log_to = str(values.get("log-to") or "")
     kinds = [kind for kind, _ in parse_log_to(log_to)]
     if kinds:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from client.task_list import format_task_rows, task_rows
@@ -158,10 +159,10 @@ def test_a_device_without_opacus_declines_dpsgd_before_any_charge(
     # Assert: declined with the fixed reason, nothing released or charged.
     assert released == [] and metrics["declined"] == 1 and metrics["declined-by"] == "policy"
     assert metrics["decline-reason"] == (
-        "declined: mechanism dpsgd needs the optional part gpfl[dpsgd] (Opacus), which this "
-        "device does not have")
+        "declined: mechanism='dpsgd' needs the optional part gpfl[dpsgd], which this device "
+        "does not have")
     assert not ledger_of(tmp_path).path.exists()
-    assert "declines (policy): declined: mechanism dpsgd needs" in caplog.text
+    assert "declines (policy): declined: mechanism='dpsgd' needs" in caplog.text
 
 
 def test_the_experiments_need_their_extra(
@@ -170,3 +171,34 @@ def test_the_experiments_need_their_extra(
     without(monkeypatch, "skimage")
     assert experiments_main(["dlg", "--quick"]) == 2
     assert "python -m experiments dlg needs gpfl[experiments]" in capsys.readouterr().err
+
+
+def test_a_device_with_a_file_but_without_pandas_declines_the_tabular_task_uncharged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # Prepare: a device with its own CSV file, asked for the tabular task, lacking pandas. Its
+    # preflight breaking would let the round go on to the charge (a broken preflight must not
+    # tell the data apart), and the build would then fail after charging, every round.
+    from client.app import device_task
+    from client.numpy_client import GpflClient
+    from client.policy import DevicePolicy
+
+    (tmp_path / "d.csv").write_text("a,y\n1,0\n2,1\n3,0\n4,1\n")
+    policy = DevicePolicy.load({"partition-id": 0, "num-partitions": 1,
+                                "ledger-dir": str(tmp_path), "data-path": str(tmp_path / "d.csv")},
+                               environ={})
+    run = {**federation_defaults(), "task": "tabular", "feature-columns": "a",
+           "label-column": "y", "classes": "0,1", "num-hypotheses": 1}
+    client = GpflClient(lambda: device_task(run, policy), run, policy)
+    without(monkeypatch, "pandas")
+
+    # Execute
+    released, _, metrics = client.fit([np.zeros((2, 1), np.float32), np.zeros(2, np.float32)],
+                                      {"num-hypotheses": 1, "server-round": 1})
+
+    # Assert: declined by policy with the fixed reason; no ledger written.
+    assert released == [] and metrics["declined-by"] == "policy"
+    assert metrics["decline-reason"] == (
+        "declined: task='tabular' needs the optional part gpfl[tabular], which this device "
+        "does not have")
+    assert not (tmp_path / "client-0.json").exists()
