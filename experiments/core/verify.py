@@ -24,7 +24,8 @@ direct engine gives the numbers of the Simulation Engine bit for bit
 (`experiments.core.provenance.float_environment`: the CPU and the instruction sets torch and
 NumPy dispatch to, recorded in ``meta.json``). Another CPU's kernels round a training step
 differently, and a long noisy run carries that last bit into its accuracy (a digits CNN row made
-with AVX2 kernels gave accuracy 0.883, rerun with AVX-512 ones 0.864). So a rerun row that
+on another machine gave accuracy 0.883, rerun on one with AVX-512 kernels 0.864, with the same
+package versions). So a rerun row that
 differs where the raw files were made on another float environment (or one not recorded) is
 **inconclusive**: printed with both environments, not a failure. Where the environments are the
 same, any difference fails. Provenance and the relations are checked on every machine.
