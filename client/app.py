@@ -14,6 +14,7 @@ from flwr.common import Context
 
 from client.numpy_client import GpflClient
 from client.policy import DevicePolicy
+from client.secure import SecureRound, secure_clusters_mod
 from tasks import Task, load_task
 
 
@@ -31,7 +32,10 @@ def client_fn(context: Context) -> Client:
     policy = DevicePolicy.load(context.node_config)
     run_config = dict(context.run_config)
     return GpflClient(lambda: device_task(run_config, policy), run_config, policy,
-                      run_id=context.run_id).to_client()
+                      run_id=context.run_id,
+                      secure=SecureRound.from_context(context)).to_client()
 
 
-app = ClientApp(client_fn=client_fn)
+#: Training messages of SecAgg+ (secure clusters) pass Flower's secaggplus_mod, wrapped in the
+#: device's cohort rules; every other message reaches the client as before.
+app = ClientApp(client_fn=client_fn, mods=[secure_clusters_mod])

@@ -25,6 +25,7 @@ from client.policy import DevicePolicy
 from mechanisms.accountant import LedgerEntry, Spend, compose
 from mechanisms.events import (
     RELATIONS,
+    DistributedGaussianEvent,
     GaussianReleaseEvent,
     MetricPrivacyEvent,
     NeighbourhoodEvent,
@@ -212,7 +213,8 @@ def _spent(spend: Spend) -> dict[str, float]:
     """Every figure of a spend, named as a reply's metrics name them (without ``spend-``)."""
     return {"d-privacy": spend.d_privacy, "epsilon": spend.epsilon,
             "epsilon-rdp": spend.epsilon_rdp, "epsilon-pld": spend.epsilon_pld,
-            "record-epsilon": spend.record_epsilon, "delta": spend.delta}
+            "record-epsilon": spend.record_epsilon, "central-epsilon": spend.central_epsilon,
+            "delta": spend.delta}
 
 
 def _federations(entries: Sequence[LedgerEntry], delta: float) -> list[dict[str, Any]]:
@@ -260,12 +262,22 @@ def _format_table(path: Path, state: LedgerState, delta: float) -> str:
     lines.append("")
     lines.append(f"releases: {spend.releases}   declines: {spend.declines}")
     lines.append(f"d-privacy (Σ ε·r): {spend.d_privacy:.6g}")
-    if any(e.event.family == "rdp" for e in state.entries):
+    secure = [e.event for e in state.entries if isinstance(e.event, DistributedGaussianEvent)]
+    if secure:
+        lines.append(f"Gaussian/sign: ε = {spend.epsilon:.6g} at δ = {delta:g} (charged: RDP "
+                     "alone, as with discrete Gaussian shares among the releases)")
+    elif any(e.event.family == "rdp" for e in state.entries):
         lines.append(f"Gaussian/sign: ε = {spend.epsilon:.6g} at δ = {delta:g} (charged: the "
                      f"smaller of RDP ε = {spend.epsilon_rdp:.6g} and PLD ε = "
                      f"{spend.epsilon_pld:.6g})")
     else:
         lines.append("Gaussian/sign: none")
+    if secure:
+        cohort = min(event.cohort for event in secure)
+        lines.append(f"secure clusters ({len(secure)} shares): central ε = "
+                     f"{spend.central_epsilon:.6g} at δ = {delta:g}, what a server learns from "
+                     f"the sums if at least {cohort} honest devices' shares are in each (RDP); "
+                     "the ε above is the floor that holds without that assumption")
     if any(e.event.family == "record" for e in state.entries):
         lines.append(f"record-level DP-SGD (RDP): ε = {spend.record_epsilon:.6g} at δ = {delta:g}")
     nonprivate = sum(isinstance(e.event, NonPrivateEvent) for e in state.entries)
@@ -300,6 +312,10 @@ def _row(i: int, entry: LedgerEntry) -> tuple[str, str, str, str, str, str, str]
     elif isinstance(event, RecordLevelEvent):
         params = (f"q={event.sampling_rate:.6g}, ν={event.noise_multiplier:.6g}, "
                   f"T={event.steps}, choice ν={event.selection_noise_multiplier:.6g}")
+        cost = "-"
+    elif isinstance(event, DistributedGaussianEvent):
+        params = (f"z={event.noise_multiplier:.6g}, central z={event.central_noise_multiplier:.6g}"
+                  f", cohort {event.cohort}")
         cost = "-"
     elif isinstance(event, GaussianReleaseEvent):
         params, cost = f"z={event.noise_multiplier:.6g}", "-"

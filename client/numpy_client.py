@@ -53,6 +53,7 @@ from client.release import (
     plan_release,
     usable_model,
 )
+from client.secure import SecureDecline, SecurePlan, SecureRound, make_share, plan_share
 from client.settings import ClientSettings
 from mechanisms import (
     BudgetExceededError,
@@ -198,6 +199,7 @@ def spend_metrics(spend: Spend) -> dict[str, float | int]:
         "spend-epsilon-pld": float(spend.epsilon_pld),
         "spend-record-epsilon": float(spend.record_epsilon),
         "spend-delta": float(spend.delta),
+        "spend-central-epsilon": float(spend.central_epsilon),
         "releases": int(spend.releases),
     }
 
@@ -217,11 +219,15 @@ class GpflClient(NumPyClient):
         The device's own settings and bounds.
     run_id : int, optional
         Flower's run id, the ledger tag of releases when the server sends no federation id.
+    secure : SecureRound, optional
+        The SecAgg+ round this instruction came through (:mod:`client.secure`); then every
+        decline is raised as :class:`~client.secure.SecureDecline` (the protocol counts the
+        device as dropped) and the release is a share of the round's sum.
     """
 
     def __init__(
         self, task: Task | Callable[[], Task], run_config: dict[str, Any], policy: DevicePolicy,
-        *, run_id: int | None = None,
+        *, run_id: int | None = None, secure: SecureRound | None = None,
     ) -> None:
         self._task_source = task
         # A factory is a plain callable; anything else is the task itself (a Task, or an object
@@ -231,6 +237,7 @@ class GpflClient(NumPyClient):
         self.run_config = run_config
         self.policy = policy
         self.run_id = run_id
+        self.secure = secure
 
     @property
     def task(self) -> Task:
@@ -271,8 +278,18 @@ class GpflClient(NumPyClient):
 
         Returns the released arrays, a constant sample count of 1 (the real count is not
         revealed) and public metrics; no cluster id is sent. A request the policy forbids, or
-        a release that would pass the cap, is declined: no arrays and ``declined=1``.
+        a release that would pass the cap, is declined: no arrays and ``declined=1``; through
+        SecAgg+, :class:`~client.secure.SecureDecline` with the same reason instead (a reply
+        without a share would break the round's sum).
         """
+        released, count, metrics = self._fit(parameters, config)
+        if self.secure is not None and metrics.get("declined") == 1:
+            raise SecureDecline(str(metrics.get("decline-reason", "declined")))
+        return released, count, metrics
+
+    def _fit(
+        self, parameters: Arrays, config: dict[str, Any]
+    ) -> tuple[Arrays, int, dict[str, Any]]:
         server_round = config.get("server-round", 0)
         if isinstance(server_round, bool) or not isinstance(server_round, int) or server_round < 0:
             raise InstructionError(f"server-round must be an integer >= 0, got {server_round!r}")
@@ -284,8 +301,14 @@ class GpflClient(NumPyClient):
                                            max_hypotheses=s.max_hypotheses,
                                            max_values=s.max_instruction_values,
                                            shapes=self._public_shapes())
-            plan: ReleasePlan | RecordPlan
-            if s.privacy.mechanism == "dpsgd":
+            plan: ReleasePlan | RecordPlan | SecurePlan
+            if s.secure:
+                if self.secure is None:
+                    raise PolicyDecline(
+                        "declined: the run asks for secure clusters, but this instruction did "
+                        "not come through SecAgg+; nothing is released in the clear")
+                plan = plan_share(s, hypotheses, self.secure)
+            elif s.privacy.mechanism == "dpsgd":
                 plan = plan_record_release(s, hypotheses)
             else:
                 plan = plan_release(s.privacy, hypotheses, max_abs=s.max_parameter)
@@ -344,6 +367,9 @@ class GpflClient(NumPyClient):
             if isinstance(plan, RecordPlan):
                 released, extra = self._release_record(s, plan, hypotheses, lifetime.releases,
                                                        picked.append)
+            elif isinstance(plan, SecurePlan):
+                released = self._release_share(s, plan, hypotheses, server_round,
+                                               lifetime.releases, picked.append)
             else:
                 released = self._release(s, plan, hypotheses, server_round, lifetime.releases,
                                          picked.append)
@@ -418,10 +444,11 @@ class GpflClient(NumPyClient):
         return release_record(task, s, plan, hypotheses, data, self._noise_rng(s, releases),
                               on_choice)
 
-    def _release(
-        self, s: ClientSettings, plan: ReleasePlan, hypotheses: list[Arrays],
-        server_round: int, releases: int, on_choice: Callable[[int], None],
-    ) -> Arrays:
+    def _trained(
+        self, s: ClientSettings, hypotheses: list[Arrays], server_round: int,
+        on_choice: Callable[[int], None],
+    ) -> tuple[int, Arrays, Arrays]:
+        """Pick the hypothesis of least local loss and train it: (its index, it, the model)."""
         task = self.task
         check_shapes(hypotheses, task)
         data = task.client_dataset(s.partition_id, s.num_partitions)
@@ -442,6 +469,22 @@ class GpflClient(NumPyClient):
         if not ok:
             logger.warning("%s: the trained model is not finite or beyond max-parameter; the "
                            "hypothesis is released in its place (with the charged noise)", s.name)
+        return best, reference, updated
+
+    def _release_share(
+        self, s: ClientSettings, plan: SecurePlan, hypotheses: list[Arrays],
+        server_round: int, releases: int, on_choice: Callable[[int], None],
+    ) -> Arrays:
+        best, reference, updated = self._trained(s, hypotheses, server_round, on_choice)
+        # The rounding's coin flips come from the device's generator; the share's noise from
+        # OpenDP's exact sampler and the OS's entropy (mechanisms.distributed).
+        return make_share(plan, reference, updated, best, self._noise_rng(s, releases))
+
+    def _release(
+        self, s: ClientSettings, plan: ReleasePlan, hypotheses: list[Arrays],
+        server_round: int, releases: int, on_choice: Callable[[int], None],
+    ) -> Arrays:
+        _, reference, updated = self._trained(s, hypotheses, server_round, on_choice)
         return make_release(plan, reference, updated, rng=self._noise_rng(s, releases),
                             allow_unsanitized=s.privacy.mechanism == "none")
 

@@ -121,6 +121,15 @@ class ClientSettings:
     partition_id: int
     num_partitions: int
     name: str
+    #: ``secure-clusters``: the round's release is a share of a SecAgg+ sum (client.secure).
+    aggregation_privacy: str = "per-device"
+    #: The fewest devices a secure sum may hold: the larger of the request and the device's.
+    min_cohort: int = 3
+
+    @property
+    def secure(self) -> bool:
+        """Whether the run asks for secure clusters (per-cluster sums through SecAgg+)."""
+        return self.aggregation_privacy == "secure-clusters"
 
     @classmethod
     def resolve(cls, run_config: Mapping[str, Any], policy: DevicePolicy) -> ClientSettings:
@@ -203,6 +212,16 @@ class ClientSettings:
                 relation=str(policy["neighbouring"]),
             ) if mechanism == "dpsgd" else None,
         )
+        if request["aggregation-privacy"] == "secure-clusters":
+            # Every device's share must be the run's σ (the central guarantee sums m equal
+            # discrete Gaussians): a device whose own bound is stricter cannot take part.
+            for name in ("epsilon", "delta"):
+                if applied(name) != request[name]:
+                    raise PolicyDecline(
+                        f"declined by policy: secure-clusters adds the run's noise share on "
+                        f"every device, and this device's {name} bound "
+                        f"({policy.bound(name)!r}) is stricter than the run's {name}="
+                        f"{request[name]!r}")
         seed = request["seed"]
         return cls(
             local_epochs=request["local-epochs"],
@@ -219,4 +238,6 @@ class ClientSettings:
             partition_id=policy.partition_id,
             num_partitions=policy.num_partitions,
             name=policy.client_name,
+            aggregation_privacy=request["aggregation-privacy"],
+            min_cohort=int(applied("min-cohort")),
         )

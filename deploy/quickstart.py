@@ -44,6 +44,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from settings.rules import SECURE_CLUSTERS_NEEDS
+
 __all__ = ["QUICKSTART_RUN_CONFIG", "QUICKSTART_SUPERNODES", "ROBUST_CLUSTERS", "ROBUST_FROM",
            "quickstart_run_config"]
 
@@ -82,5 +84,9 @@ def quickstart_run_config(supernodes: int, given: Mapping[str, Any]) -> dict[str
     """
     rounds = {"num-rounds": SMALL_FEDERATION_ROUNDS} if supernodes < SMALL_FEDERATION else {}
     robust = ROBUST_CLUSTERS if supernodes >= ROBUST_FROM else {}
+    if given.get("aggregation-privacy") == "secure-clusters":
+        # The server sees only sums: no robust clusters, no re-seeding from releases, and the
+        # device's noise is a Gaussian share (settings.rules.SECURE_CLUSTERS_NEEDS).
+        robust = {**SECURE_CLUSTERS_NEEDS}
     return {**QUICKSTART_RUN_CONFIG, **rounds, **robust, "clients-per-round": max(1, supernodes),
             **given}

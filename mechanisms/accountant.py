@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from mechanisms._validation import check_open_unit, check_real
-from mechanisms.calibration import composed_gaussian_epsilons
+from mechanisms.calibration import composed_gaussian_epsilon_rdp, composed_gaussian_epsilons
 from mechanisms.events import (
     EVENT_TYPES,
+    DistributedGaussianEvent,
     GaussianReleaseEvent,
     MetricPrivacyEvent,
     NeighbourhoodEvent,
@@ -99,6 +100,12 @@ class Spend:
     epsilon_rdp, epsilon_pld : float
         The ε at δ of its Gaussian and sign releases by dp-accounting's RDP accountant and by
         its PLD accountant (pessimistic); each an upper bound, ``epsilon`` the smaller (0 if none).
+        Once a discrete Gaussian share (``distributed-gaussian``) is among them, RDP alone
+        composes (the PLD accountant models the continuous Gaussian) and both fields hold it.
+    central_epsilon : float
+        With ``distributed-gaussian`` releases (secure clusters): the ε at δ of what the server
+        learns from the sums, each such release at its central multiplier (conditional on its
+        cohort of honest devices), every other Gaussian or sign release at its own; 0 if none.
     """
 
     d_privacy: float
@@ -109,6 +116,7 @@ class Spend:
     record_epsilon: float = 0.0
     epsilon_rdp: float = 0.0
     epsilon_pld: float = 0.0
+    central_epsilon: float = 0.0
 
     def to_dict(self) -> dict[str, float | int]:
         """Return the fields as a dict (snake_case keys)."""
@@ -184,7 +192,10 @@ def compose(entries: Sequence[LedgerEntry], *, declines: int, delta: float) -> S
     delta = check_open_unit("delta", delta)
     groups = _gaussian_groups(entries)
     records = _record_events(entries)
-    epsilon_rdp, epsilon_pld = composed_gaussian_epsilons(groups, delta)
+    discrete = _has_discrete(entries)
+    epsilon_rdp, epsilon_pld = _gaussian_epsilons(groups, delta, discrete=discrete)
+    central = (composed_gaussian_epsilon_rdp(_central_groups(entries), delta) if discrete
+               else 0.0)
     return Spend(
         d_privacy=_d_privacy(entries),
         epsilon=min(epsilon_rdp, epsilon_pld),
@@ -194,6 +205,7 @@ def compose(entries: Sequence[LedgerEntry], *, declines: int, delta: float) -> S
         record_epsilon=record_epsilon(records, delta),
         epsilon_rdp=epsilon_rdp,
         epsilon_pld=epsilon_pld,
+        central_epsilon=central,
     )
 
 
@@ -237,10 +249,11 @@ def check_cap(
         groups = _gaussian_groups(entries)
         with_release = groups.copy()
         with_release[_noise_multiplier(event)] += 1
-        after = min(composed_gaussian_epsilons(with_release, delta))
+        discrete = _has_discrete(entries) or isinstance(event, DistributedGaussianEvent)
+        after = min(_gaussian_epsilons(with_release, delta, discrete=discrete))
         if after <= cap * (1.0 + _CAP_RTOL):
             return
-        before = min(composed_gaussian_epsilons(groups, delta))
+        before = min(_gaussian_epsilons(groups, delta, discrete=discrete))
         unit = f"ε (the smaller of RDP's and PLD's) at δ={delta:g}"
     if after > cap * (1.0 + _CAP_RTOL):
         raise BudgetExceededError(
@@ -266,6 +279,28 @@ def _d_privacy(entries: Sequence[LedgerEntry]) -> float:
 def _noise_multiplier(event: PrivacyEvent) -> float:
     assert isinstance(event, GaussianReleaseEvent)
     return event.noise_multiplier
+
+
+def _has_discrete(entries: Sequence[LedgerEntry]) -> bool:
+    return any(isinstance(e.event, DistributedGaussianEvent) for e in entries)
+
+
+def _gaussian_epsilons(groups: Counter[float], delta: float, *,
+                       discrete: bool) -> tuple[float, float]:
+    """Return (ε_RDP, ε_PLD); with a discrete Gaussian share among them, RDP's twice."""
+    if not discrete:
+        return composed_gaussian_epsilons(groups, delta)
+    rdp = composed_gaussian_epsilon_rdp(groups, delta)
+    return rdp, rdp
+
+
+def _central_groups(entries: Sequence[LedgerEntry]) -> Counter[float]:
+    # What the server learns: a secure share at its central multiplier, a plain Gaussian or
+    # sign release (seen whole) at its own.
+    return Counter(e.event.central_noise_multiplier
+                   if isinstance(e.event, DistributedGaussianEvent)
+                   else _noise_multiplier(e.event)
+                   for e in entries if e.event.family == "rdp")
 
 
 def _record_events(entries: Sequence[LedgerEntry]) -> list[RecordLevelEvent]:

@@ -30,6 +30,10 @@ NeighbourhoodEvent    ``neighbourhood``  d-privacy  ``dimensions`` (size of each
 GaussianReleaseEvent  ``gaussian``       rdp        ``noise_multiplier`` (σ / L2 sensitivity)
 SignReleaseEvent      ``sign``           rdp        ``noise_multiplier`` (of the Gaussian it
                                                     post-processes)
+DistributedGaussian-  ``distributed-     rdp        ``noise_multiplier`` (the local floor:
+Event                 gaussian``                    σ / 2B), ``central_noise_multiplier``
+                                                    (of the sum of ``cohort`` shares),
+                                                    ``cohort``
 NonPrivateEvent       ``none``           none       (none)
 RecordLevelEvent      ``dpsgd``          record     ``sampling_rate`` q, ``noise_multiplier``
                                                     ν, ``steps`` T, ``relation``,
@@ -246,6 +250,41 @@ class SignReleaseEvent(GaussianReleaseEvent):
 
 
 @dataclass(frozen=True)
+class DistributedGaussianEvent(GaussianReleaseEvent):
+    """One device's share of a secure per-cluster sum (:mod:`mechanisms.distributed`).
+
+    ``noise_multiplier`` is the local floor, what the ledger caps: the device's masked vector
+    alone, were the server to unmask it, is a discrete Gaussian release of this multiplier.
+    ``central_noise_multiplier`` is what the server learns from the sum, provided at least
+    ``cohort`` honest devices' shares are in it; it is recorded, composed and reported beside
+    the floor, never charged in its place. Both compose by RDP alone (no PLD).
+    """
+
+    kind: ClassVar[str] = "distributed-gaussian"
+    family: ClassVar[str] = "rdp"
+    central_noise_multiplier: float = 0.0
+    cohort: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        z = check_positive_finite("central_noise_multiplier", self.central_noise_multiplier)
+        object.__setattr__(self, "central_noise_multiplier", z)
+        object.__setattr__(self, "cohort", check_positive_int("cohort", self.cohort))
+
+    def validate(self) -> None:
+        """Check both multipliers are positive and finite and the cohort a positive integer."""
+        super().validate()
+        check_positive_finite("central_noise_multiplier", self.central_noise_multiplier)
+        check_positive_int("cohort", self.cohort)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the kind, both multipliers, the cohort and the relation."""
+        return {"kind": self.kind, "noise_multiplier": self.noise_multiplier,
+                "central_noise_multiplier": self.central_noise_multiplier,
+                "cohort": self.cohort, "relation": self.relation}
+
+
+@dataclass(frozen=True)
 class NonPrivateEvent(PrivacyEvent):
     """A release without noise: no privacy guarantee at all (infinite cost)."""
 
@@ -338,6 +377,7 @@ EVENT_TYPES: tuple[type[PrivacyEvent], ...] = (
     SignReleaseEvent,
     NonPrivateEvent,
     RecordLevelEvent,
+    DistributedGaussianEvent,
 )
 
 _KINDS: dict[str, type[PrivacyEvent]] = {cls.kind: cls for cls in EVENT_TYPES}
@@ -372,6 +412,7 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
         "neighbourhood": {"dimensions", "noise_multiplier"},
         "gaussian": {"noise_multiplier"},
         "sign": {"noise_multiplier"},
+        "distributed-gaussian": {"noise_multiplier", "central_noise_multiplier", "cohort"},
         "none": set(),
         "dpsgd": {"sampling_rate", "noise_multiplier", "steps", "relation",
                   "selection_noise_multiplier"},
@@ -400,4 +441,8 @@ def event_from_dict(d: Mapping[str, Any]) -> PrivacyEvent:
             raise TypeError(f"steps must be an integer, got {steps!r}")
         return RecordLevelEvent(fields["sampling_rate"], fields["noise_multiplier"], steps,
                                 fields["relation"], fields["selection_noise_multiplier"])
+    if kind == "distributed-gaussian":
+        cohort = fields["cohort"]
+        if isinstance(cohort, bool) or not isinstance(cohort, int):
+            raise TypeError(f"cohort must be an integer, got {cohort!r}")
     return _KINDS[kind](**fields)

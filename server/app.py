@@ -20,24 +20,19 @@ with the replies that arrived.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.common import Context, Parameters, Scalar
-from flwr.server import History, Server, ServerAppComponents, ServerConfig, SimpleClientManager
-from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.server.server import FitResultsAndFailures
+from flwr.common import Context
+from flwr.server import ServerAppComponents, ServerConfig, SimpleClientManager
 from flwr.serverapp import ServerApp
-from flwr.superlink.grid import InMemoryGrid
 
 from mechanisms import make_rng
 from server.checkpoint import CHECKPOINT_NAME, check_identity, read_checkpoint, run_identity
-from server.polling import PollingGrid
+from server.legacy_server import GpflServer
 from server.results import ROUND_TAG, RunRecorder
 from server.settings import RunSettings
 from server.tracking import open_sinks
@@ -61,82 +56,6 @@ def _attach_flower_logging() -> None:
         lg.setLevel(logging.INFO)
         lg.propagate = False
         lg.handlers = list(flwr_logger.handlers)
-
-
-#: Instructions in flight per CPU on the Simulation Engine (see :class:`GpflServer`).
-SIMULATION_WORKERS_PER_CPU = 8
-
-
-def _cpus() -> int:
-    """CPUs this process may run on (the container's share, where the OS says it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-class GpflServer(Server):
-    """Flower's legacy ``Server``, sending a round's instructions from a pool sized per engine.
-
-    Under the Deployment Engine every sampled device gets a thread: the threads only wait on
-    the network, and fewer would send the instructions in waves, each waiting out the polls of
-    the SuperNodes and of the grid (the pool's size is set with ``set_max_workers``).
-
-    On the Simulation Engine (an in-memory grid) the ClientApps run in this machine's Ray
-    actors (Flower's default: one per 2 CPUs), and Flower's dispatcher checks every virtual node
-    against every instruction in flight every 0.1 s (``vce_api.add_messages_to_queue`` →
-    ``InMemoryLinkState.get_message_ins``). With 1,000 virtual nodes and 100 instructions in
-    flight that scan was the ServerApp process's largest CPU cost (56 % of it, sampled with
-    py-spy), taken from the actors on the same cores. A reply reaches the strategy within
-    Flower's two 0.1 s polls, so :data:`SIMULATION_WORKERS_PER_CPU` instructions per CPU keep
-    the actors busy while the scan stays small (docs/BENCHMARKS.md).
-
-    Under the Deployment Engine each client proxy's grid is wrapped in a
-    :class:`~server.polling.PollingGrid` before the round: replies are pulled every 0.1 s instead
-    of Flower's 3 s, so a round waits for one poll (the SuperNode's: 0.5 s under ``gpfl
-    supernode``, :mod:`client.fleet_poll`), not two.
-    """
-
-    _polling: PollingGrid | None = None
-    #: Called once Flower's round loop returns (the run's last line: :meth:`RunRecorder.on_end`).
-    on_end: Callable[[], None] | None = None
-
-    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
-        """Run Flower's rounds, then say how the run ended."""
-        result = super().fit(num_rounds, timeout)
-        if self.on_end is not None:
-            self.on_end()
-        return result
-
-    def fit_round(
-        self, server_round: int, timeout: float | None
-    ) -> tuple[Parameters | None, dict[str, Scalar], FitResultsAndFailures] | None:
-        """Size the pool for the engine, then run Flower's round."""
-        cap = SIMULATION_WORKERS_PER_CPU * _cpus()
-        if self._simulated() and (self.max_workers is None or self.max_workers > cap):
-            self.set_max_workers(cap)
-        self._poll_replies_often()
-        return super().fit_round(server_round, timeout)
-
-    def _poll_replies_often(self) -> None:
-        """Give every client proxy on a SuperLink's grid the one shared :class:`PollingGrid`."""
-        for proxy in self.client_manager().all().values():
-            if not isinstance(proxy, GridClientProxy):
-                continue
-            grid = proxy.grid
-            # A grid that answers within ``send_and_receive`` (``answers_at_once``: the
-            # experiments' direct engine) has nothing to poll.
-            if isinstance(grid, (InMemoryGrid, PollingGrid)) or getattr(
-                    grid, "answers_at_once", False):
-                continue
-            if self._polling is None or self._polling.grid is not grid:
-                self._polling = PollingGrid(grid)
-            proxy.grid = self._polling  # duck-typed: Flower's proxy only calls send_and_receive
-
-    def _simulated(self) -> bool:
-        """Whether the clients are reached through the Simulation Engine's in-memory grid."""
-        proxy = next(iter(self.client_manager().all().values()), None)
-        return isinstance(getattr(proxy, "grid", None), InMemoryGrid)
 
 
 def norm_limits(settings: RunSettings) -> NormLimits:
@@ -203,7 +122,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
                         "mechanism": settings.mechanism, "num-rounds": settings.num_rounds})
     recorder = RunRecorder(out_dir, run_config, settings.num_rounds, settings.mechanism, task_info,
                            identity=identity, task=task, task_config=task_config, sinks=sinks)
-    strategy = ClusteredStrategy(
+    strategy_args: dict[str, Any] = dict(
         initial_hypotheses=hypotheses,
         clients_per_round=settings.clients_per_round,
         min_replies=settings.min_replies,
@@ -230,6 +149,17 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         fit_config={"federation-id": identity["federation-id"]}
         if "federation-id" in identity else None,
     )
+    secure = settings.values["aggregation-privacy"] == "secure-clusters"
+    strategy: ClusteredStrategy
+    if secure:
+        # The server sees only per-cluster sums, through Flower's SecAgg+ (server.secure_round).
+        from server.secure_round import TERMS
+        from strategies.secure import SecureClustersStrategy
+
+        strategy = SecureClustersStrategy(terms=TERMS, clip=settings.values["clip"],
+                                          **strategy_args)
+    else:
+        strategy = ClusteredStrategy(**strategy_args)
     recorder.attach(strategy)
     logger.info(
         "%s task=%s k=%d rounds=%d clients/round=%d min-replies=%d round-timeout=%gs "
@@ -257,7 +187,15 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     # waiting out the polls of the SuperNode and of the grid. One thread per sampled client
     # sends them all at once (the threads only wait on the network); on the Simulation Engine
     # GpflServer caps the pool per CPU instead.
-    server = GpflServer(client_manager=SimpleClientManager(), strategy=strategy)
+    server: GpflServer
+    if secure:
+        from server.secure_round import SecureServer
+
+        server = SecureServer(min_cohort=settings.values["min-cohort"],
+                              round_timeout=settings.round_timeout, out_dir=Path(out_dir),
+                              client_manager=SimpleClientManager(), strategy=strategy)
+    else:
+        server = GpflServer(client_manager=SimpleClientManager(), strategy=strategy)
     server.set_max_workers(settings.clients_per_round)
     server.on_end = recorder.on_end
     if settings.num_hypotheses > 1 and remaining > 0:

@@ -76,7 +76,8 @@ def spend_of(mechanism: str, metrics: Mapping[str, Any]) -> float | None:
 
 
 _COUNTS = ("sampled", "participations", "declines", "dropped", "failures", "missing")
-_MAXIMA = ("spend", "releases", "spend_d", "epsilon", "epsilon_rdp", "epsilon_pld", "delta")
+_MAXIMA = ("spend", "releases", "spend_d", "epsilon", "epsilon_rdp", "epsilon_pld", "delta",
+           "central_epsilon")
 
 
 def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,6 +106,9 @@ def privacy_report(mechanism: str, clients: Mapping[str, Any]) -> dict[str, Any]
             # The two bounds the charged epsilon is the smaller of (0 from an older device).
             "epsilon_rdp": float(metrics.get("spend-epsilon-rdp", 0.0)),
             "epsilon_pld": float(metrics.get("spend-epsilon-pld", 0.0)),
+            # Secure clusters: what the server learns from the sums, given the device's cohort
+            # of honest devices (0 without secure releases).
+            "central_epsilon": float(metrics.get("spend-central-epsilon", 0.0)),
             "delta": float(metrics.get("spend-delta", 0.0)),
             "budget_epsilon": float(metrics.get("budget-epsilon", 0.0)),
             "budget_delta": float(metrics.get("budget-delta", 0.0)),

@@ -28,9 +28,11 @@ from settings.checks import (
 )
 from settings.setting import Setting
 from settings.values import (
+    AGGREGATION_PRIVACY,
     AGGREGATIONS,
     CLIP_MODES,
     CLUSTER_AGGREGATORS,
+    MAX_COHORT,
     MAX_COUNT,
     MAX_EPOCHS,
     MAX_HIDDEN_UNITS,
@@ -220,6 +222,20 @@ _DECLARATIONS: tuple[Setting, ...] = (
     # -- aggregation -----------------------------------------------------------------------------
     Setting("aggregation", str, "mean", "how a cluster's releases are weighted",
             group="aggregation", choices=AGGREGATIONS),
+    # What the server sees (docs/TRUST.md, "Secure clusters"): each device's noisy model, or,
+    # through Flower's SecAgg+, only each cluster's sum, the device having picked its cluster.
+    Setting("aggregation-privacy", str, "per-device",
+            "per-device: the server sees each device's sanitized model and clusters them "
+            "(k-means); secure-clusters: each device picks its cluster and adds its share of "
+            "discrete Gaussian noise, and the server learns only each cluster's sum and count "
+            "through SecAgg+ (needs mechanism gaussian)",
+            group="aggregation", choices=AGGREGATION_PRIVACY),
+    Setting("min-cohort", int, 4,
+            "secure-clusters: the fewest devices whose shares a secure sum may hold (the "
+            "server's SecAgg+ threshold); the central guarantee a device records assumes this "
+            "many honest ones, and it declines a round with fewer; the device's is a minimum",
+            owner="both", stricter="max", device_default=3, group="aggregation", minimum=2,
+            maximum=MAX_COHORT),
     Setting("server-learning-rate", float, 0.01, "sign: step of the majority-vote update",
             group="aggregation", minimum=0.0, open_minimum=True),
     # -- robust aggregation ----------------------------------------------------------------------

@@ -18,6 +18,7 @@ __all__ = [
     "NEEDS_SIGMA",
     "check_quorum",
     "check_run_rules",
+    "check_secure_clusters",
     "check_sigma_declared",
     "check_sign_single_model",
     "declares_sigma",
@@ -66,8 +67,47 @@ def check_quorum(min_replies: int, clients_per_round: int) -> None:
         )
 
 
+#: What ``aggregation-privacy = "secure-clusters"`` needs: the server sees only sums, so what
+#: works on individual releases (k-means, robust aggregators, the persistence test, budget
+#: weights, re-seeding from releases) is not there, and the device's noise is a Gaussian share.
+SECURE_CLUSTERS_NEEDS: dict[str, Any] = {
+    "mechanism": "gaussian",
+    "clip-mode": "l2",
+    "aggregation": "mean",
+    "cluster-aggregator": "mean",
+    "persistence-threshold": 0.0,
+    "reseed-after": 0,
+}
+
+
+def check_secure_clusters(values: Mapping[str, Any]) -> None:
+    """Refuse a secure-clusters run with a setting that needs individual releases.
+
+    Also: a round's cohort (``clients-per-round``) must reach ``min-cohort``, SecAgg+'s
+    threshold, and ``min-replies`` (a round changes the hypotheses only with that many shares
+    in its sum) may not be above ``clients-per-round``.
+    """
+    if values.get("aggregation-privacy") != "secure-clusters":
+        return
+    for name, needed in SECURE_CLUSTERS_NEEDS.items():
+        if values[name] != needed:
+            raise SettingError(
+                f"aggregation-privacy=secure-clusters needs {name}={needed!r} (the server sees "
+                f"only per-cluster sums), got {name}={values[name]!r}")
+    if values["client-epsilons"]:
+        raise SettingError(
+            "aggregation-privacy=secure-clusters needs every device to add the same noise "
+            f"share: client-epsilons must be empty, got {values['client-epsilons']!r}")
+    if values["clients-per-round"] < values["min-cohort"]:
+        raise SettingError(
+            f"aggregation-privacy=secure-clusters: clients-per-round={values['clients-per-round']} "
+            f"is below min-cohort={values['min-cohort']}, SecAgg+'s threshold: no round could "
+            "complete")
+
+
 def check_run_rules(values: Mapping[str, Any]) -> None:
     """Apply every rule above to a run config already checked key by key."""
     check_sign_single_model(values["mechanism"], values["num-hypotheses"])
     check_sigma_declared(values["aggregation"], values["mechanism"], values["calibration"])
     check_quorum(values["min-replies"], values["clients-per-round"])
+    check_secure_clusters(values)

@@ -41,6 +41,11 @@ RECORD_CLIPPING = ("fixed", "quantile", "oso")
 RECORD_RELATIONS = ("add-remove", "replace-one")
 #: How a cluster's releases are weighted (strategies.aggregation implements each).
 AGGREGATIONS = ("mean", "weighted", "probability", "inverse-variance")
+#: What the server sees of a round's releases (strategies.secure for secure-clusters).
+AGGREGATION_PRIVACY = ("per-device", "secure-clusters")
+#: The largest SecAgg+ cohort: Flower's sum of the participants' weights (2^22 each, the
+#: quantization range) must stay below its modulus, 2^32.
+MAX_COHORT = 1023
 #: How a hypothesis moves toward its cluster's aggregate (strategies.server_update).
 SERVER_UPDATES = ("mean", "step", "anneal", "plateau")
 #: What a cluster of releases becomes (strategies.robust implements each).

@@ -51,7 +51,8 @@ __all__ = [
 #: Metrics that only grow over a device's life (its ledger's totals): the server keeps the
 #: largest value each device ever reported, so a lower (stale or forged) report never lowers it.
 SPEND_KEYS: tuple[str, ...] = ("spend-d", "spend-epsilon", "spend-delta", "releases", "declines",
-                               "spend-record-epsilon", "spend-epsilon-rdp", "spend-epsilon-pld")
+                               "spend-record-epsilon", "spend-epsilon-rdp", "spend-epsilon-pld",
+                               "spend-central-epsilon")
 #: ``num_examples`` is not used (a gpfl client reports 1: its real count stays private); a count
 #: beyond a billion samples on one device is absurd whatever the client.
 MAX_EXAMPLES = 10**9
@@ -151,7 +152,7 @@ def parse_metrics(
     values: dict[str, Any] = {"client-name": name, "declined": int(declined)}
     for key in ("spend-d", "spend-epsilon", "spend-epsilon-rdp", "spend-epsilon-pld",
                 "budget-epsilon", "sigma", "spend-record-epsilon", "record-clip-final",
-                "record-lr-final"):
+                "record-lr-final", "spend-central-epsilon"):
         if key in metrics:
             number = _number(metrics[key])
             if number is None or number < 0:

@@ -474,7 +474,8 @@ def test_declines_are_counted_and_persisted(path: Path) -> None:
     assert (spend.declines, spend.releases) == (2, 0)
     assert spend.to_dict() == {"d_privacy": 0.0, "epsilon": 0.0, "delta": 0.0,
                                "releases": 0, "declines": 2, "record_epsilon": 0.0,
-                               "epsilon_rdp": 0.0, "epsilon_pld": 0.0}
+                               "epsilon_rdp": 0.0, "epsilon_pld": 0.0,
+                               "central_epsilon": 0.0}
 
 
 def test_ledger_delta_is_validated(path: Path) -> None:
