@@ -18,6 +18,7 @@ from typing import Any
 from client.policy import DevicePolicy, PolicyDecline
 from settings import SETTINGS, SettingError, check_run_config
 from settings.extras import extras_for_device, missing_modules
+from settings.rules import check_secure_clusters
 
 __all__ = ["ClientSettings", "PrivacySettings"]
 
@@ -213,6 +214,11 @@ class ClientSettings:
             ) if mechanism == "dpsgd" else None,
         )
         if request["aggregation-privacy"] == "secure-clusters":
+            try:
+                # A Gaussian share, one slot mean per cluster: what the run may not change.
+                check_secure_clusters(request)
+            except SettingError as err:
+                raise PolicyDecline(f"invalid request: {err}") from None
             # Every device's share must be the run's σ (the central guarantee sums m equal
             # discrete Gaussians): a device whose own bound is stricter cannot take part.
             for name in ("epsilon", "delta"):

@@ -156,8 +156,10 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         from server.secure_round import TERMS
         from strategies.secure import SecureClustersStrategy
 
-        strategy = SecureClustersStrategy(terms=TERMS, clip=settings.values["clip"],
-                                          **strategy_args)
+        limits = strategy_args["norm_limits"]
+        strategy = SecureClustersStrategy(
+            terms=TERMS, clip=settings.values["clip"],
+            share_noise_multiplier=limits.noise_multiplier or 0.0, **strategy_args)
     else:
         strategy = ClusteredStrategy(**strategy_args)
     recorder.attach(strategy)

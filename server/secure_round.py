@@ -45,7 +45,7 @@ from mechanisms.distributed import SecureTerms
 from server.legacy_server import GpflServer
 from strategies.secure import SecureClustersStrategy, StageReplies
 
-__all__ = ["TERMS", "MaskedOnlyGrid", "SecureServer"]
+__all__ = ["TERMS", "DropoutSafeSecAggPlus", "MaskedOnlyGrid", "SecureServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,25 @@ class MaskedOnlyGrid:
         return replies
 
 
+class DropoutSafeSecAggPlus(SecAggPlusWorkflow):
+    """Flower's ``SecAggPlusWorkflow``, with a device lost before it shared its keys left out.
+
+    Flower 1.39 counts every sampled device as a participant to the end: one that fails the
+    setup or the key sharing (killed, declined, late) is "dead" at the unmask stage, and every
+    other device is asked for its key share, which none of them ever received: each answers
+    with an error (a ``KeyError`` in ``secaggplus_mod``) and the round is lost. No device's
+    vector was masked with such a device (its masks are drawn only with the devices whose key
+    shares it received), so after the key sharing the participants are those that shared
+    their keys; a device lost after that is recovered from its shares, as SecAgg+ intends.
+    """
+
+    def share_keys_stage(self, grid: Any, context: LegacyContext, state: Any) -> bool:
+        """Run Flower's stage; keep as participants only the devices that shared their keys."""
+        going_on = super().share_keys_stage(grid, context, state)
+        state.sampled_node_ids = set(state.active_node_ids)
+        return bool(going_on)
+
+
 class SecureServer(GpflServer):
     """gpfl's legacy server whose training round is Flower's SecAgg+ workflow (module notes)."""
 
@@ -143,6 +162,8 @@ class SecureServer(GpflServer):
         """Run one SecAgg+ round; return the strategy's new hypotheses (None: unchanged)."""
         strategy = self.strategy
         assert isinstance(strategy, SecureClustersStrategy)
+        if strategy.stopped_early or strategy.incomplete_reason is not None:
+            return None  # as Flower's round when configure_fit samples no one
         started = time.monotonic()
         # The grid is the client proxies' (Flower registers them as nodes connect).
         self.client_manager().wait_for(1, timeout=int(self.round_timeout))
@@ -163,12 +184,14 @@ class SecureServer(GpflServer):
         context.state.array_records[MAIN_PARAMS_RECORD] = compat.parameters_to_arrayrecord(
             self.parameters, keep_input=True)
         completed = strategy.rounds_completed
-        workflow = SecAggPlusWorkflow(
+        workflow = DropoutSafeSecAggPlus(
             num_shares=1.0, reconstruction_threshold=self.min_cohort, max_weight=1.0,
             clipping_range=TERMS.clipping_range, quantization_range=TERMS.quantization_range,
             modulus_range=TERMS.modulus_range, timeout=self.round_timeout)
         workflow(grid, context)  # type: ignore[arg-type]
         if not strategy.aggregated(server_round):
+            if strategy.incomplete_reason is not None:
+                return None  # configure_fit found too few devices: the run stops (on_stop)
             # The workflow stopped before its unmask stage (too few devices for the threshold):
             # the strategy records the round as one that changed nothing.
             strategy.aggregate_fit(server_round, [], [])

@@ -58,6 +58,20 @@ class StageReplies:
         self.errors.clear()
 
 
+def slot_denominators(counts: np.ndarray, participants: int, count_sd: float) -> np.ndarray:
+    """Return what each slot's sum is divided by: its count, trusted down to twice its noise.
+
+    A count is noisy (standard deviation ``count_sd``, public: the run's noise share and the
+    cohort); dividing by a count the noise brought near 0 would turn a slot's sum into a leap.
+    So the denominator is the count clipped to [lo, participants], with lo = 1 for a precise
+    count and, as the noise grows, up to the cohort's even share (participants / k): the step is
+    then the slot's sum over its expected size.
+    """
+    k = len(counts)
+    lo = max(1.0, min(participants / k, 2.0 * count_sd))
+    return np.clip(counts, lo, float(participants))
+
+
 def settle_counts(counts: np.ndarray, participants: int) -> np.ndarray:
     """Return the noisy counts moved to sum to ``participants`` and clipped to [0, it].
 
@@ -79,18 +93,23 @@ class SecureClustersStrategy(ClusteredStrategy):
         SecAgg+'s quantization, clipping and modulus ranges, as the workflow announces them.
     clip : float
         C, the L2 bound of every device's update (the run's ``clip``).
+    share_noise_multiplier : float
+        z of the run's noise share (σ = z·2B a device), from its (ε, δ) and planned releases:
+        the noise of a count, which :func:`slot_denominators` allows for (0: counts exact).
     **kwargs
         :class:`~strategies.clustered.ClusteredStrategy`'s parameters; ``cluster_aggregator``
         must be ``mean`` and ``persistence_threshold`` 0 (settings.rules).
     """
 
-    def __init__(self, *, terms: SecureTerms, clip: float, **kwargs: Any) -> None:
+    def __init__(self, *, terms: SecureTerms, clip: float, share_noise_multiplier: float = 0.0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.cluster_aggregator != "mean" or self.persistence_threshold != 0:
             raise ValueError("secure clusters need cluster-aggregator=mean and "
                              "persistence-threshold=0: the server sees only sums")
         self.terms = terms
         self.clip = float(clip)
+        self.share_noise_multiplier = float(share_noise_multiplier)
         self.layout = SlotLayout(self.num_hypotheses, int(self._flat.shape[1]))
         self.stage_replies = StageReplies()
 
@@ -139,7 +158,8 @@ class SecureClustersStrategy(ClusteredStrategy):
             else:
                 means = self._flat.astype(np.float64)
                 live = counts >= LEAST_COUNT
-                means[live] += sums[live] / np.maximum(counts[live], 1.0)[:, None]
+                denominators = slot_denominators(counts, n, self.count_sd(n))
+                means[live] += sums[live] / denominators[live][:, None]
                 new_flat, _ = self.server_update.apply(
                     self._flat, means.astype(np.float32), np.zeros((0, self.layout.size),
                                                                    dtype=np.float32),
@@ -161,6 +181,10 @@ class SecureClustersStrategy(ClusteredStrategy):
         self._flat = new_flat
         self.rounds_completed += 1
         return self._parameters(), metrics
+
+    def count_sd(self, participants: int) -> float:
+        """Return the standard deviation of a slot's count in a sum of ``participants`` shares."""
+        return 2.0 * self.share_noise_multiplier * float(np.sqrt(participants))
 
     def run_round(self, server_round: int) -> int:
         """Return the run's round of Flower's ``server_round`` (they differ after a resume)."""

@@ -32,6 +32,7 @@ EXPERIMENTS: dict[str, str] = {
     "digits-server-update": "experiments.reproductions.digits_server_update",
     "rogue-devices": "experiments.audits.rogue_devices",
     "record-clipping": "experiments.reproductions.record_clipping",
+    "secure-clusters": "experiments.reproductions.secure_clusters",
 }
 
 
