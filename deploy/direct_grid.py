@@ -27,6 +27,7 @@ The experiments' cache therefore does not key a run on its engine.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import secrets
@@ -129,6 +130,10 @@ class DirectGrid(Grid):
         if context is None:
             return Message(Error(code=ErrorCode.NODE_UNAVAILABLE,
                                  reason=f"no node {node_id}"), reply_to=message)
+        # Each node gets its own copy, as over the network: Flower's workflows may share one
+        # content among the messages of a stage (SecAgg+'s setup does), and a ClientApp's mod
+        # may change what it receives (secaggplus_mod pops its stage key).
+        message = copy.deepcopy(message)
         with self._lock:
             try:
                 reply = self._app(message, context)

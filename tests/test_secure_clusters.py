@@ -24,10 +24,9 @@ from scipy import stats
 
 from client.app import device_task
 from client.numpy_client import GpflClient
-from client.policy import DevicePolicy
+from client.policy import DevicePolicy, PolicyDecline
 from client.secure import SecureDecline, SecureRound, secure_clusters_mod
 from client.settings import ClientSettings
-from client.policy import PolicyDecline
 from mechanisms import PrivacyLedger, calibrate_gaussian_noise_multiplier
 from mechanisms.accountant import LedgerEntry, compose
 from mechanisms.calibration import composed_gaussian_epsilon_rdp, composed_gaussian_epsilons
@@ -419,7 +418,7 @@ def test_the_strategy_moves_each_hypothesis_by_its_slots_mean() -> None:
     # Each update is rounded to a multiple of C/B = 1/4096: the means are within 1/4096.
     np.testing.assert_allclose(new[0][0], [0.3, 0.1], atol=1 / B)
     np.testing.assert_allclose(new[1][0], [9.8, 9.6], atol=1 / B)
-    sums, counts = split_sum(decode_sum(average, n, TERMS), layout, 1.0, B)
+    _, counts = split_sum(decode_sum(average, n, TERMS), layout, 1.0, B)
     assert counts.tolist() == [3.0, 1.0] and metrics["cluster-size-0"] == 3
 
 

@@ -38,8 +38,10 @@ from typing import Any
 from experiments.core.common import Context, FederationSpec
 from experiments.core.runner import Cell, Experiment
 from experiments.core.tables import mean_pm_ci, paired_difference, verdict
-from mechanisms.calibration import calibrate_gaussian_noise_multiplier
-from mechanisms.calibration import composed_gaussian_epsilon_rdp
+from mechanisms.calibration import (
+    calibrate_gaussian_noise_multiplier,
+    composed_gaussian_epsilon_rdp,
+)
 
 NAME = "secure-clusters"
 DEVICES = 20
@@ -48,11 +50,11 @@ DELTA = 1e-5
 #: Per task: the run config (on top of the app's defaults) and its local ε target.
 TASKS: dict[str, dict[str, Any]] = {
     "synthetic": {
-        "epsilon": 20.0,
+        "epsilon": 50.0,
         "config": {"task": "synthetic", "users": DEVICES, "num-rounds": 60, "clip": 1.0},
     },
     "digits": {
-        "epsilon": 20.0,
+        "epsilon": 50.0,
         "config": {"task": "digits", "model": "logistic", "users": DEVICES,
                    "rotate-probability": 0.5, "learning-rate": 0.2, "batch-size": 10,
                    "num-rounds": 30, "clip": 1.0, "server-device": "cpu"},
@@ -154,7 +156,7 @@ def section(rows: list[dict[str, str]]) -> list[str]:
         "(30 rounds; the delivered hypotheses' accuracy on 20 held-out users). Real federations "
         "on the direct engine, Flower's SecAgg+ in every secure round "
         "(`experiments/reproductions/secure_clusters.py`). *per-device*: today's Gaussian "
-        "mode at local (ε = 20, δ = 1e-5); *secure*: `secure-clusters` at the same local "
+        "mode at local (ε = 50, δ = 1e-5); *secure*: `secure-clusters` at the same local "
         "charge, `min-cohort` = 4; *central*: the central-DP baseline at the secure arm's "
         "central ε (the same protocol with the noise split over all 20 devices). Mean ± 95 % "
         "interval over seeds; ε per device at δ = 1e-5 after the run (central: what the sums "
