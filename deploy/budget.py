@@ -147,6 +147,13 @@ def _event(settings: ClientSettings, zeros: list[np.ndarray], hypotheses: int) -
     """
     if settings.privacy.mechanism == "dpsgd":
         return plan_record_release(settings, [zeros] * hypotheses).event
+    if settings.secure:
+        # A share of a secure sum: the same multiplier, charged by RDP alone.
+        from client.secure import SecureRound, plan_share
+        from server.secure_round import TERMS
+
+        secure = SecureRound(TERMS, participants=settings.min_cohort)
+        return plan_share(settings, [zeros] * hypotheses, secure).event
     return build_mechanism(settings.privacy).event(zeros, zeros)
 
 
@@ -182,7 +189,7 @@ def plan_budgets(run_config: Mapping[str, Any], nodes: Mapping[int, Mapping[str,
             plans.append(DeviceBudget(name, "none", None, None, None, 0.0, None, rounds,
                                       note=f"declines the run: {err}"))
             continue
-        key = (settings.privacy,)
+        key = (settings.privacy, settings.aggregation_privacy, settings.min_cohort)
         if key not in cache:
             try:
                 cache[key] = _event(settings, zeros, hypotheses)

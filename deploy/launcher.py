@@ -12,6 +12,7 @@ free, so two launches can run side by side.
 from __future__ import annotations
 
 import signal
+import statistics
 import tempfile
 import threading
 import time
@@ -298,6 +299,17 @@ def _best_line(summary: dict[str, Any]) -> str:
     return line
 
 
+def _central_line(privacy: dict[str, Any]) -> list[str]:
+    """Secure clusters: the central ε the devices reported, beside the charged local floor."""
+    central = sorted(float(c.get("central_epsilon", 0.0))
+                     for c in privacy.get("per_client", {}).values())
+    if not central or central[-1] <= 0:
+        return []
+    return [f"gpfl: secure clusters: central epsilon (what the sums give away while min-cohort "
+            f"honest devices are in each; as reported): median "
+            f"{_number(statistics.median(central))}, max {_number(central[-1])}"]
+
+
 def describe(result: LaunchResult) -> str:
     """Return the closing lines printed after a launch."""
     s = result.summary
@@ -320,6 +332,7 @@ def describe(result: LaunchResult) -> str:
             + ", ".join(f"{d:.3f}" for d in s["optima_distances"])]),
         f"gpfl: privacy spend ({priv.get('unit')}; {source}): "
         f"median {_number(spend.get('median'))}, max {_number(spend.get('max'))}",
+        *_central_line(priv),
         f"gpfl: results in {result.out_dir}/summary.json"
         + (f", figure {result.figure}" if result.figure else ""),
     ]

@@ -426,3 +426,17 @@ def test_noisy_counts_settle_on_the_cohort() -> None:
     settled = settle_counts(np.array([2.6, -0.9, 1.1]), 4)
     assert settled.sum() == pytest.approx(4.0) or settled.min() == 0.0
     assert np.all((settled >= 0) & (settled <= 4))
+
+
+def test_the_launch_budget_counts_a_share_by_rdp_alone(tmp_path: Path) -> None:
+    # The launch's budget lines run the ledger's own cap check on the event a device will
+    # charge: for a share, RDP alone (no PLD), so a cap pays no release more than the device.
+    from deploy.budget import plan_budgets
+
+    run = _run(epsilon=5.0, **{"num-rounds": 10})
+    node = {"partition-id": 0, "num-partitions": 1, "ledger-dir": str(tmp_path),
+            "cap-epsilon": 100.0}
+    (plan,) = plan_budgets(run, {0: node}, [(2,)], hypotheses=2)
+    z = calibrate_gaussian_noise_multiplier(5.0, 1e-5, 10)
+    assert plan.cost == pytest.approx(composed_gaussian_epsilon_rdp({z: 1}, 1e-5), rel=1e-9)
+    assert plan.cost > min(composed_gaussian_epsilons({z: 1}, 1e-5))
