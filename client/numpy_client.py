@@ -191,7 +191,13 @@ def _one_line(text: object) -> str:
 
 
 def spend_metrics(spend: Spend) -> dict[str, float | int]:
-    """Return the public spend report: exact sums of the costs charged in this federation."""
+    """Return the public spend report: exact sums of the costs charged in this federation.
+
+    ``spend-central-epsilon`` (secure clusters: what the sums give away) only where the
+    federation holds secure shares.
+    """
+    central = {"spend-central-epsilon": float(spend.central_epsilon)} if (
+        spend.central_epsilon > 0) else {}
     return {
         "spend-d": float(spend.d_privacy),
         "spend-epsilon": float(spend.epsilon),
@@ -199,8 +205,8 @@ def spend_metrics(spend: Spend) -> dict[str, float | int]:
         "spend-epsilon-pld": float(spend.epsilon_pld),
         "spend-record-epsilon": float(spend.record_epsilon),
         "spend-delta": float(spend.delta),
-        "spend-central-epsilon": float(spend.central_epsilon),
         "releases": int(spend.releases),
+        **central,
     }
 
 

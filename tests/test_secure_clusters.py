@@ -440,3 +440,42 @@ def test_the_launch_budget_counts_a_share_by_rdp_alone(tmp_path: Path) -> None:
     z = calibrate_gaussian_noise_multiplier(5.0, 1e-5, 10)
     assert plan.cost == pytest.approx(composed_gaussian_epsilon_rdp({z: 1}, 1e-5), rel=1e-9)
     assert plan.cost > min(composed_gaussian_epsilons({z: 1}, 1e-5))
+
+
+def test_the_servers_check_counts_plain_replies_masked_vectors_and_errors() -> None:
+    # The grid wrapper between SecAgg+'s workflow and the grid: a reply with arrays is a plain
+    # release (counted, logged), a masked vector must be integers, an error names its node.
+    from flwr.app import Array, ArrayRecord, Error
+    from flwr.common import ndarray_to_bytes
+
+    from server.secure_round import MaskedOnlyGrid
+    from strategies.secure import StageReplies
+
+    sent = [Message(RecordDict({"configs": ConfigRecord({"stage": "x"})}), dst_node_id=n,
+                    message_type=MessageType.TRAIN) for n in (1, 2, 3, 4)]
+
+    def reply(msg: Message, content: RecordDict) -> Message:
+        out = Message(content, reply_to=msg)
+        out.metadata.__dict__["_src_node_id"] = msg.metadata.dst_node_id
+        return out
+
+    masked = ConfigRecord({Key.MASKED_PARAMETERS: [ndarray_to_bytes(np.arange(3))]})
+    floats = ConfigRecord({Key.MASKED_PARAMETERS: [ndarray_to_bytes(np.ones(3))]})
+    replies = [
+        reply(sent[0], RecordDict({RECORD_KEY_CONFIGS: masked})),
+        reply(sent[1], RecordDict({RECORD_KEY_CONFIGS: floats})),
+        reply(sent[2], RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(2))})})),
+        Message(Error(code=0, reason="declined: too few"), reply_to=sent[3]),
+    ]
+    replies[3].metadata.__dict__["_src_node_id"] = 4
+
+    class Grid:
+        def send_and_receive(self, messages: Any, *, timeout: Any = None) -> list[Message]:
+            return replies
+
+    stage = StageReplies()
+    grid = MaskedOnlyGrid(Grid(), stage)
+    grid.send_and_receive(sent)
+    assert (grid.received, grid.masked_vectors, grid.plain) == (4, 1, 2)
+    assert stage.errors == {"4": "declined: too few"}
+    assert set(grid.sent_bytes) == {1, 2, 3, 4} and grid.received_bytes[1] > 0
