@@ -136,6 +136,21 @@ def secure_clusters_mod(msg: Message, ctxt: Context, call_next: ClientAppCallabl
     if (msg.metadata.message_type != MessageType.TRAIN
             or RECORD_KEY_CONFIGS not in msg.content.config_records):
         return call_next(msg, ctxt)
+    try:
+        _check_stage(msg, ctxt)
+    except SecureDecline as decline:
+        # The device's own line: a decline here is before anything is computed or charged.
+        logger.warning("gpfl device: run %s: declines a SecAgg+ stage (%s); nothing charged",
+                       ctxt.run_id, decline)
+        raise
+    try:
+        return secaggplus_mod(msg, ctxt, call_next)
+    finally:
+        ctxt.state.config_records.pop(ROUND_RECORD, None)
+
+
+def _check_stage(msg: Message, ctxt: Context) -> None:
+    """Apply the device's rules to a SecAgg+ stage; at the collect stage, store its terms."""
     configs = msg.content.config_records[RECORD_KEY_CONFIGS]
     stage = configs.get(Key.STAGE)
     if stage == Stage.SETUP:
@@ -157,10 +172,6 @@ def secure_clusters_mod(msg: Message, ctxt: Context, call_next: ClientAppCallabl
             "mod-range": _int(state, "mod_range"),
             "participants": participants,
         })
-    try:
-        return secaggplus_mod(msg, ctxt, call_next)
-    finally:
-        ctxt.state.config_records.pop(ROUND_RECORD, None)
 
 
 @dataclass(frozen=True)
