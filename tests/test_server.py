@@ -15,7 +15,7 @@ from flwr.server import Grid, Server
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.superlink.grid import InMemoryGrid
 
-import server.app as server_app
+import server.legacy_server as legacy_server
 from deploy.cli import parse_node_configs, parse_pairs
 from server.app import build_components
 from server.results import plot_summary, privacy_report
@@ -125,7 +125,7 @@ def test_the_pool_is_capped_per_cpu_on_the_simulation_engine_only(
     components, _ = build_components({**DEFAULTS, "out-dir": str(tmp_path),
                                       "clients-per-round": 100})
     server = components.server
-    monkeypatch.setattr(server_app, "_cpus", lambda: 2)
+    monkeypatch.setattr(legacy_server, "_cpus", lambda: 2)
     monkeypatch.setattr(Server, "fit_round", lambda self, server_round, timeout: None)
     server.client_manager().register(GridClientProxy(node_id=7, grid=Mock(spec=grid), run_id=1))
 
