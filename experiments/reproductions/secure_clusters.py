@@ -160,7 +160,14 @@ def section(rows: list[dict[str, str]]) -> list[str]:
         "charge, `min-cohort` = 4; *central*: the central-DP baseline at the secure arm's "
         "central ε (the same protocol with the noise split over all 20 devices). Mean ± 95 % "
         "interval over seeds; ε per device at δ = 1e-5 after the run (central: what the sums "
-        "give away; for per-device the server sees each release, so it is the local ε).",
+        "give away; for per-device the server sees each release, so it is the local ε). "
+        "At one local charge the two modes' noise differs in kind: a per-device Gaussian "
+        "release is the model, so its noise must also cover the hypothesis it was trained "
+        "from (σ = z·(2C + D), D the diameter of the hypotheses, about 10 on the synthetic "
+        "task), while a share holds only the update in its slot (σ = z·2B for any "
+        "hypotheses), but every device's noise lands in every slot and the counts are as "
+        "noisy as a coordinate. The local ε of the secure arms is RDP's alone; per-device "
+        "charges the smaller of RDP's and PLD's.",
         "",
         "| task | arm | runs | utility | local ε | central ε | s / round | bytes up / down "
         "a device a round |",
