@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from settings.setting import SettingError
+from settings.values import MAX_COHORT
 
 __all__ = [
     "NEEDS_SIGMA",
@@ -84,8 +85,7 @@ def check_secure_clusters(values: Mapping[str, Any]) -> None:
     """Refuse a secure-clusters run with a setting that needs individual releases.
 
     Also: a round's cohort (``clients-per-round``) must reach ``min-cohort``, SecAgg+'s
-    threshold, and ``min-replies`` (a round changes the hypotheses only with that many shares
-    in its sum) may not be above ``clients-per-round``.
+    threshold, and stay within :data:`~settings.values.MAX_COHORT`.
     """
     if values.get("aggregation-privacy") != "secure-clusters":
         return
@@ -98,6 +98,11 @@ def check_secure_clusters(values: Mapping[str, Any]) -> None:
         raise SettingError(
             "aggregation-privacy=secure-clusters needs every device to add the same noise "
             f"share: client-epsilons must be empty, got {values['client-epsilons']!r}")
+    if values["clients-per-round"] > MAX_COHORT:
+        raise SettingError(
+            f"aggregation-privacy=secure-clusters: clients-per-round={values['clients-per-round']}"
+            f" is above {MAX_COHORT}, the most devices one SecAgg+ sum can weigh (their weights "
+            "add up within its modulus)")
     if values["clients-per-round"] < values["min-cohort"]:
         raise SettingError(
             f"aggregation-privacy=secure-clusters: clients-per-round={values['clients-per-round']} "

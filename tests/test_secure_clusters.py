@@ -244,9 +244,12 @@ def test_a_setting_that_needs_individual_releases_is_refused(name: str, value: A
         check_run_rules(_run(**{name: value}))
 
 
-def test_a_cohort_larger_than_a_round_is_refused() -> None:
+def test_a_cohort_larger_than_a_round_or_than_secagg_can_weigh_is_refused() -> None:
     with pytest.raises(SettingError, match="min-cohort"):
         check_run_rules(_run(**{"clients-per-round": 3, "min-cohort": 4}))
+    with pytest.raises(SettingError, match="1023"):
+        check_run_rules(_run(**{"clients-per-round": 1024}))
+    check_run_rules(_run(**{"clients-per-round": 1023}))
 
 
 def _policy(tmp_path: Path, **node: Any) -> DevicePolicy:
