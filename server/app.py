@@ -165,10 +165,13 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
     recorder.attach(strategy)
     logger.info(
         "%s task=%s k=%d rounds=%d clients/round=%d min-replies=%d round-timeout=%gs "
-        "mechanism=%s aggregation=%s clusters=%s persistence=%g update=%s out=%s",
+        "mechanism=%s privacy=%s aggregation=%s clusters=%s persistence=%g update=%s out=%s",
         ROUND_TAG, settings.task, settings.num_hypotheses, settings.num_rounds,
         settings.clients_per_round, settings.min_replies, settings.round_timeout,
-        settings.mechanism, settings.aggregation, settings.values["cluster-aggregator"],
+        settings.mechanism,
+        (f"secure-clusters(min-cohort={settings.values['min-cohort']})" if secure
+         else "per-device"),
+        settings.aggregation, settings.values["cluster-aggregator"],
         settings.values["persistence-threshold"], settings.server_update.rule, out_dir,
     )
     remaining = settings.num_rounds
