@@ -14,7 +14,7 @@ from flwr.common import Context
 
 from client.numpy_client import GpflClient
 from client.policy import DevicePolicy
-from client.secure import SecureRound, secure_clusters_mod
+from client.secure import round_terms, secure_clusters_mod
 from tasks import Task, load_task
 
 
@@ -33,7 +33,7 @@ def client_fn(context: Context) -> Client:
     run_config = dict(context.run_config)
     return GpflClient(lambda: device_task(run_config, policy), run_config, policy,
                       run_id=context.run_id,
-                      secure=SecureRound.from_context(context)).to_client()
+                      secure=round_terms(context)).to_client()
 
 
 #: Training messages of SecAgg+ (secure clusters) pass Flower's secaggplus_mod, wrapped in the

@@ -53,7 +53,7 @@ from client.release import (
     plan_release,
     usable_model,
 )
-from client.secure import SecureDecline, SecurePlan, SecureRound, make_share, plan_share
+from client.secure import SecureDecline, SecurePlan, make_share, plan_share
 from client.settings import ClientSettings
 from mechanisms import (
     BudgetExceededError,
@@ -64,6 +64,7 @@ from mechanisms import (
     device_rng,
     seeded_rng,
 )
+from mechanisms.distributed import SecureTerms
 from tasks import Task, TaskDataError, declared_shapes, preflight_task
 
 __all__ = [
@@ -225,15 +226,16 @@ class GpflClient(NumPyClient):
         The device's own settings and bounds.
     run_id : int, optional
         Flower's run id, the ledger tag of releases when the server sends no federation id.
-    secure : SecureRound, optional
-        The SecAgg+ round this instruction came through (:mod:`client.secure`); then every
+    secure : SecureTerms, optional
+        The terms of the SecAgg+ round this instruction came through (:mod:`client.secure`,
+        :class:`~mechanisms.distributed.SecureTerms`); then every
         decline is raised as :class:`~client.secure.SecureDecline` (the protocol counts the
         device as dropped) and the release is a share of the round's sum.
     """
 
     def __init__(
         self, task: Task | Callable[[], Task], run_config: dict[str, Any], policy: DevicePolicy,
-        *, run_id: int | None = None, secure: SecureRound | None = None,
+        *, run_id: int | None = None, secure: SecureTerms | None = None,
     ) -> None:
         self._task_source = task
         # A factory is a plain callable; anything else is the task itself (a Task, or an object

@@ -58,8 +58,8 @@ from mechanisms.distributed import (
 )
 from mechanisms.events import DistributedGaussianEvent
 
-__all__ = ["ROUND_RECORD", "SecureDecline", "SecurePlan", "SecureRound", "make_share",
-           "plan_share", "secure_clusters_mod"]
+__all__ = ["ROUND_RECORD", "SecureDecline", "SecurePlan", "make_share", "plan_share",
+           "round_terms", "secure_clusters_mod"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,22 +72,13 @@ class SecureDecline(RuntimeError):
     """A device declines a SecAgg+ stage: the error reply makes it a dropout of the round."""
 
 
-@dataclass(frozen=True)
-class SecureRound:
-    """What the client knows of the SecAgg+ round it answers: the terms and the cohort."""
-
-    terms: SecureTerms
-    participants: int
-
-    @classmethod
-    def from_context(cls, context: Context) -> SecureRound | None:
-        """Return the round the mod stored for this message, or None (not through SecAgg+)."""
-        record = context.state.config_records.get(ROUND_RECORD)
-        if record is None:
-            return None
-        terms = SecureTerms(_int(record, "target-range"), _float(record, "clipping-range"),
-                            _int(record, "mod-range"))
-        return cls(terms, _int(record, "participants"))
+def round_terms(context: Context) -> SecureTerms | None:
+    """Return the SecAgg+ terms the mod stored for this message, or None (not through SecAgg+)."""
+    record = context.state.config_records.get(ROUND_RECORD)
+    if record is None:
+        return None
+    return SecureTerms(_int(record, "target-range"), _float(record, "clipping-range"),
+                       _int(record, "mod-range"))
 
 
 def _int(record: ConfigRecord, key: str) -> int:
@@ -170,7 +161,6 @@ def _check_stage(msg: Message, ctxt: Context) -> None:
             "target-range": _int(state, "target_range"),
             "clipping-range": _float(state, "clipping_range"),
             "mod-range": _int(state, "mod_range"),
-            "participants": participants,
         })
 
 
@@ -187,7 +177,7 @@ class SecurePlan:
 
 
 def plan_share(s: ClientSettings, hypotheses: list[list[np.ndarray]],
-               secure: SecureRound) -> SecurePlan:
+               terms: SecureTerms) -> SecurePlan:
     """Return the share's plan from public values: the run's (ε, δ), k, the model's size.
 
     σ = z·2B with z the Gaussian calibration of the run's (ε, δ) over its planned releases:
@@ -196,7 +186,7 @@ def plan_share(s: ClientSettings, hypotheses: list[list[np.ndarray]],
     """
     p = s.privacy
     z = calibrate_gaussian_noise_multiplier(p.epsilon, p.delta, p.planned_releases)
-    bound = secure.terms.bound
+    bound = terms.bound
     layout = SlotLayout(len(hypotheses), sum(int(np.size(a)) for a in hypotheses[0]))
     sigma = z * 2.0 * bound
     central = central_noise_multiplier(sigma, bound, s.min_cohort, layout.dimension)
@@ -205,7 +195,7 @@ def plan_share(s: ClientSettings, hypotheses: list[list[np.ndarray]],
     metrics = {"noise-multiplier": event.noise_multiplier,
                "central-noise-multiplier": central, "min-cohort": s.min_cohort,
                "clip": p.clip}
-    return SecurePlan(event, sigma, layout, secure.terms, p.clip, metrics)
+    return SecurePlan(event, sigma, layout, terms, p.clip, metrics)
 
 
 def make_share(plan: SecurePlan, reference: list[np.ndarray], updated: list[np.ndarray],

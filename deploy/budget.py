@@ -149,11 +149,10 @@ def _event(settings: ClientSettings, zeros: list[np.ndarray], hypotheses: int) -
         return plan_record_release(settings, [zeros] * hypotheses).event
     if settings.secure:
         # A share of a secure sum: the same multiplier, charged by RDP alone.
-        from client.secure import SecureRound, plan_share
+        from client.secure import plan_share
         from server.secure_round import TERMS
 
-        secure = SecureRound(TERMS, participants=settings.min_cohort)
-        return plan_share(settings, [zeros] * hypotheses, secure).event
+        return plan_share(settings, [zeros] * hypotheses, TERMS).event
     return build_mechanism(settings.privacy).event(zeros, zeros)
 
 

@@ -311,20 +311,21 @@ def split_sum(total: np.ndarray, layout: SlotLayout, clip: float,
 
 
 def verify_share(event: object, signal: np.ndarray, share: np.ndarray, *, layout: SlotLayout,
-                 bound: int, refusal_probability: float = 1e-9) -> None:
+                 bound: int) -> None:
     """Check a share the moment before it leaves the device; raise ``ReleaseRefused`` if not.
 
     From the charge and public numbers alone: the event is a
     :class:`~mechanisms.events.DistributedGaussianEvent` with finite positive multipliers; the
     signal is one slot of integers of exact norm at most B and the count B in that slot's
     count, zeros elsewhere; the share is an integer vector of the layout's length; and the
-    noise, share − signal, has Σ X² at least σ²·χ²_d's quantile at ``refusal_probability``,
-    with σ = z·2B from the charged z (an honest share falls below it with that probability).
+    noise, share − signal, has Σ X² at least σ²·χ²_d's lower quantile,
+    with σ = z·2B from the charged z (an honest share falls below it with that probability:
+    :data:`mechanisms.invariant.REFUSAL_PROBABILITY`, the release invariant's).
     """
     from scipy.stats import chi2
 
     from mechanisms.events import DistributedGaussianEvent
-    from mechanisms.invariant import ReleaseRefused
+    from mechanisms.invariant import REFUSAL_PROBABILITY, ReleaseRefused
 
     if type(event) is not DistributedGaussianEvent:
         raise ReleaseRefused(f"a secure share must be charged as distributed-gaussian, got "
@@ -346,6 +347,6 @@ def verify_share(event: object, signal: np.ndarray, share: np.ndarray, *, layout
         raise ReleaseRefused("the share's update is not one slot of norm at most B")
     sigma = event.noise_multiplier * 2.0 * bound
     noise = share - signal
-    floor = sigma * sigma * float(chi2.ppf(refusal_probability, d))
+    floor = sigma * sigma * float(chi2.ppf(REFUSAL_PROBABILITY, d))
     if not float(_squared_norm(noise)) >= floor:
         raise ReleaseRefused("the share's noise is below the scale its charge pays for")

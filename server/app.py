@@ -122,6 +122,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
                         "mechanism": settings.mechanism, "num-rounds": settings.num_rounds})
     recorder = RunRecorder(out_dir, run_config, settings.num_rounds, settings.mechanism, task_info,
                            identity=identity, task=task, task_config=task_config, sinks=sinks)
+    limits = norm_limits(settings)
     strategy_args: dict[str, Any] = dict(
         initial_hypotheses=hypotheses,
         clients_per_round=settings.clients_per_round,
@@ -133,7 +134,7 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         persistence_threshold=settings.values["persistence-threshold"],
         server_learning_rate=settings.server_learning_rate,
         server_update=settings.server_update,
-        norm_limits=norm_limits(settings),
+        norm_limits=limits,
         evaluate_fn=evaluate_fn if validation else None,
         eval_every=settings.eval_every,
         patience=settings.patience,
@@ -156,7 +157,6 @@ def build_components(run_config: dict[str, Any]) -> tuple[ServerAppComponents, R
         from server.secure_round import TERMS
         from strategies.secure import SecureClustersStrategy
 
-        limits = strategy_args["norm_limits"]
         strategy = SecureClustersStrategy(
             terms=TERMS, clip=settings.values["clip"],
             share_noise_multiplier=limits.noise_multiplier or 0.0, **strategy_args)
